@@ -1,0 +1,173 @@
+"""Typed run configuration: model / data / train dataclasses, loaded from YAML with dotted overrides.
+
+OmegaConf structured configs give type checking and `a.b=c` overrides; the resolved config is
+written into every run directory and is what `recurvit train --resume` reads back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import UserError
+
+
+@dataclass
+class ModelConfig:
+    name: str = "bvit_tiny"  # registry preset; every other field left None takes the preset's value
+    img_size: Optional[int] = None  # None: follow the data set
+    patch_size: Optional[int] = None  # None: preset value
+    in_chans: Optional[int] = None  # None: follow the data set
+    num_classes: Optional[int] = None  # None: follow the data set
+    embed_dim: Optional[int] = None  # width
+    depth: Optional[int] = None  # independent blocks (1 for recurrent cores)
+    num_heads: Optional[int] = None
+    mlp_ratio: Optional[float] = None
+    steps: Optional[int] = None  # recurrent: block applications at the trained depth
+    core: Optional[str] = None  # stack | recurrent | ode | softmor
+    step_cond: Optional[str] = None  # none | embed | scale | adaln (recurrent/ode)
+    reinject: Optional[bool] = None  # add the embedded input back before every step
+    global_pool: Optional[str] = None  # token (class token) | avg
+    class_token: Optional[bool] = None
+    qkv_bias: Optional[bool] = None
+    init_values: Optional[float] = None  # LayerScale init; None/0 disables
+    drop_rate: Optional[float] = None  # dropout before the head
+    drop_path: Optional[float] = None  # stochastic depth rate
+    # ODE core (issue 3)
+    field: Optional[str] = None  # state_subtracted | black_box
+    method: Optional[str] = None  # euler | midpoint | heun3 | rk4 | dopri5 | ...
+    t_end: Optional[float] = None
+    rtol: Optional[float] = None
+    atol: Optional[float] = None
+    adjoint: Optional[bool] = None
+    time_cond: Optional[bool] = None
+    # SoftMoR core (issue 5)
+    recursions: Optional[int] = None
+    layout: Optional[str] = None  # inplace | cycle
+    # deep supervision: number of per-stage heads (0: one shared head)
+    stage_heads: Optional[int] = None
+
+
+@dataclass
+class DataConfig:
+    name: str = "digits"  # digits | fashion_mnist | cifar10 | cifar100 | imagefolder | synthetic
+    root: Optional[str] = None  # data directory; None: the data set's default location
+    img_size: Optional[int] = None  # resize to this size; None: native size
+    num_workers: int = 0  # DataLoader workers
+    crop_padding: Optional[int] = None  # random-crop padding in pixels; None: data-set default, 0: off
+    hflip: Optional[bool] = None  # random horizontal flip; None: data-set default (off for digits)
+    randaugment: bool = False  # torchvision RandAugment (uint8 images)
+    mixup_alpha: float = 0.0  # >0 enables MixUp on batches
+    cutmix_alpha: float = 0.0  # >0 enables CutMix on batches
+    # synthetic data set (tests and benchmarks)
+    synthetic_train: int = 256
+    synthetic_test: int = 64
+    synthetic_classes: int = 10
+    synthetic_size: int = 32
+    synthetic_chans: int = 3
+
+
+@dataclass
+class SupervisionConfig:
+    """Stage-wise deep supervision (issue 3). stages=1 with weights=last is plain training."""
+
+    stages: int = 1  # number of equally spaced readouts over the trained steps
+    weights: str = "last"  # uniform | linear | last
+    per_stage_heads: bool = False  # a head per stage instead of one shared head
+
+
+@dataclass
+class DepthConfig:
+    """Per-batch depth schedule (issue 3)."""
+
+    schedule: str = "fixed"  # fixed | uniform | poisson_lognormal
+    min_steps: int = 1  # uniform: lower bound
+    max_steps: Optional[int] = None  # uniform: upper bound (None: 2 x nominal)
+    sigma: float = 0.5  # poisson_lognormal: log-normal spread
+    truncate: int = 0  # >0: backpropagate only through the last k steps
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 20
+    batch_size: int = 128
+    lr: float = 1e-3  # peak learning rate
+    min_lr: float = 1e-5  # cosine floor
+    weight_decay: float = 0.05  # not applied to norms, biases, embeddings
+    warmup_epochs: float = 1.0
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0  # max global grad norm; 0 disables
+    label_smoothing: float = 0.0
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    amp: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
+    eval_every: int = 1  # epochs between test evaluations
+    compile: bool = False
+    activation_checkpointing: bool = False
+    progress: bool = True  # tqdm bars
+    supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
+    depth: DepthConfig = field(default_factory=DepthConfig)
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def _fail(exc: Exception, where: str) -> UserError:
+    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return UserError(f"bad config ({where}): {msg}")
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> RunConfig:
+    """Defaults <- YAML file <- dotted `key=value` overrides; returns a typed RunConfig."""
+    cfg = OmegaConf.structured(RunConfig)
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"config file not found: {p}")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.load(p))
+        except (OmegaConfBaseException, ValueError, TypeError) as e:
+            raise _fail(e, str(p)) from None
+        except Exception as e:  # YAML syntax errors
+            raise _fail(e, str(p)) from None
+    for ov in overrides or []:
+        if "=" not in ov:
+            raise UserError(f"override '{ov}' is not of the form key=value (e.g. train.epochs=5)")
+    if overrides:
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        except (OmegaConfBaseException, ValueError, TypeError) as e:
+            raise _fail(e, "overrides") from None
+    return to_object(cfg)
+
+
+def to_object(cfg: Any) -> RunConfig:
+    try:
+        return OmegaConf.to_object(cfg)
+    except (OmegaConfBaseException, ValueError, TypeError) as e:
+        raise _fail(e, "values") from None
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(to_yaml(cfg))
+
+
+def as_dict(cfg: Any) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
+__all__ = [
+    "ModelConfig", "DataConfig", "TrainConfig", "SupervisionConfig", "DepthConfig", "RunConfig",
+    "load_config", "save_config", "to_yaml", "as_dict", "MISSING",
+]

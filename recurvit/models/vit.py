@@ -1,0 +1,194 @@
+"""Vision transformer with a pluggable depth core: embed -> core (states) -> norm -> pool -> head.
+
+With ``core="stack"`` this is timm's ``VisionTransformer`` (same state_dict keys, same forward).
+With ``core="recurrent"`` it is bViT: the same embedding and readout around ONE block applied
+``steps`` times. ``forward_steps`` reads logits out after every step in a single pass.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterator, List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..layers import Block, PatchEmbed
+from .cores import Core, Recurrent, Stack
+
+
+@dataclass
+class ViTConfig:
+    img_size: int = 224  # input resolution (square)
+    patch_size: int = 16  # patch side; must divide img_size
+    in_chans: int = 3  # image channels
+    num_classes: int = 1000  # classifier outputs
+    embed_dim: int = 192  # width D
+    depth: int = 12  # independent blocks (stack); 1 for a recurrent core
+    num_heads: int = 3  # attention heads; D must be divisible by it
+    mlp_ratio: float = 4.0  # MLP hidden = mlp_ratio * D
+    qkv_bias: bool = True  # bias on the fused qkv projection
+    class_token: bool = True  # prepend a learned [CLS] token
+    global_pool: str = "token"  # token: read [CLS]; avg: mean of patch tokens (timm: fc_norm instead of norm)
+    init_values: Optional[float] = None  # LayerScale init (None: no LayerScale)
+    drop_rate: float = 0.0  # dropout on the pooled feature before the head
+    drop_path: float = 0.0  # stochastic depth rate (linear over depth for stacks, constant for recurrence)
+    core: str = "stack"  # stack | recurrent | ode | softmor
+    steps: Optional[int] = None  # block applications at the trained depth (stack: = depth)
+    step_cond: str = "none"  # none | embed | scale (see layers/step_cond.py)
+    reinject: bool = False  # add the embedded input to the block's input at every step
+    stage_heads: int = 0  # >1: one head per deep-supervision stage (the last one is `head`)
+    # ODE core (models/ode.py)
+    field: str = "state_subtracted"  # state_subtracted: dz/dt = F(z) - z; black_box: dz/dt = F(z)
+    method: str = "euler"  # torchdiffeq method name
+    t_end: Optional[float] = None  # integration horizon at the trained steps (None: = steps, so h = 1)
+    rtol: float = 1e-3  # adaptive methods only
+    atol: float = 1e-4  # adaptive methods only
+    adjoint: bool = False  # odeint_adjoint: O(1) memory in the number of steps
+    time_cond: bool = False  # feed continuous time t to the field (learned embedding of t)
+    # SoftMoR core (models/softmor.py)
+    recursions: int = 1  # r: times each unit is recursed
+    layout: str = "inplace"  # inplace: each block recursed r times; cycle: the whole stack cycled r times
+
+    def __post_init__(self):
+        if self.steps is None:
+            self.steps = self.depth if self.core in ("stack", "softmor") else 12
+
+    @property
+    def num_patches(self) -> int:
+        return (self.img_size // self.patch_size) ** 2
+
+
+def build_core(cfg: ViTConfig) -> Core:
+    if cfg.core == "stack":
+        return Stack(cfg.depth)
+    if cfg.core == "recurrent":
+        return Recurrent(cfg.steps, cfg.embed_dim, cfg.step_cond, cfg.reinject)
+    if cfg.core == "ode":
+        from .ode import ODECore
+        return ODECore(cfg)
+    if cfg.core == "softmor":
+        from .softmor import SoftMoRCore
+        return SoftMoRCore(cfg)
+    raise ValueError(f"core must be one of stack, recurrent, ode, softmor; got '{cfg.core}'")
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, cfg: ViTConfig):
+        super().__init__()
+        self.cfg = cfg
+        if cfg.global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be token or avg, got '{cfg.global_pool}'")
+        if cfg.global_pool == "token" and not cfg.class_token:
+            raise ValueError("global_pool=token needs class_token=true")
+        for key in ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "steps"):
+            if int(getattr(cfg, key)) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+        if cfg.core == "stack" and cfg.steps != cfg.depth:
+            raise ValueError(f"a stack has steps = depth; got steps={cfg.steps}, depth={cfg.depth}")
+        D = cfg.embed_dim
+        self.num_classes = cfg.num_classes
+        self.num_prefix_tokens = 1 if cfg.class_token else 0
+        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
+        self.pos_embed = nn.Parameter(torch.randn(1, cfg.num_patches + self.num_prefix_tokens, D) * 0.02)
+        # recurrence shares one drop-path rate; a stack ramps it linearly as timm does
+        dpr = [x.item() for x in torch.linspace(0, cfg.drop_path, cfg.depth)] if cfg.depth > 1 else [cfg.drop_path]
+        self.blocks = nn.ModuleList([
+            Block(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, cfg.init_values, dpr[i]) for i in range(cfg.depth)
+        ])
+        self.core = build_core(cfg)
+        use_fc_norm = cfg.global_pool == "avg"
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(D, eps=1e-6)
+        self.fc_norm = nn.LayerNorm(D, eps=1e-6) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(D, cfg.num_classes)
+        n_extra = max(cfg.stage_heads - 1, 0)
+        self.stage_heads = nn.ModuleList([nn.Linear(D, cfg.num_classes) for _ in range(n_extra)]) if n_extra else None
+        self._init_weights()
+
+    # ------------------------------------------------------------------ init
+    def _init_weights(self):
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set:
+        return {"pos_embed", "cls_token"}
+
+    # --------------------------------------------------------------- forward
+    @property
+    def nominal_steps(self) -> int:
+        return self.core.nominal_steps
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)  # (B, N, D)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
+        return x + self.pos_embed
+
+    def iter_states(self, x: torch.Tensor, steps: Optional[int] = None,
+                    grad_last: Optional[int] = None) -> Iterator[torch.Tensor]:
+        """Yields the token state (B, T, D) after each of ``steps`` block applications."""
+        steps = self.core.check_steps(steps)
+        return self.core.states(self.blocks, self.embed(x), steps, grad_last=grad_last)
+
+    def forward_features(self, x: torch.Tensor, steps: Optional[int] = None,
+                         grad_last: Optional[int] = None) -> torch.Tensor:
+        z = None
+        for z in self.iter_states(x, steps, grad_last):
+            pass
+        return self.norm(z)
+
+    def stage_of(self, step: int) -> int:
+        """Deep-supervision stage (0-based) whose head reads out after ``step`` (1-based)."""
+        S = max(self.cfg.stage_heads, 1)
+        return min(S - 1, max(0, math.ceil(step * S / self.nominal_steps) - 1))
+
+    def forward_head(self, z: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
+        """Normed tokens (B, T, D) -> logits; ``step`` picks the stage head when there are several."""
+        x = z[:, self.num_prefix_tokens:].mean(dim=1) if self.cfg.global_pool == "avg" else z[:, 0]
+        x = self.head_drop(self.fc_norm(x))
+        if self.stage_heads is not None and step is not None:
+            s = self.stage_of(step)
+            if s < len(self.stage_heads):
+                return self.stage_heads[s](x)
+        return self.head(x)
+
+    def forward(self, x: torch.Tensor, steps: Optional[int] = None) -> torch.Tensor:
+        steps = self.core.check_steps(steps)
+        return self.forward_head(self.forward_features(x, steps), step=steps)
+
+    def forward_steps(self, x: torch.Tensor, steps: Optional[int] = None, at: Optional[Sequence[int]] = None,
+                      grad_last: Optional[int] = None) -> torch.Tensor:
+        """Logits read out after every step (or after the 1-based steps in ``at``), in ONE pass.
+
+        Returns (K, B, num_classes) with K = steps (or len(at)); ``[k-1]`` equals ``model(x, steps=k)``.
+        """
+        steps = self.core.check_steps(steps if at is None else max(at))
+        want = set(range(1, steps + 1)) if at is None else set(at)
+        out: List[torch.Tensor] = []
+        for k, z in enumerate(self.iter_states(x, steps, grad_last), start=1):
+            if k in want:
+                out.append(self.forward_head(self.norm(z), step=k))
+        return torch.stack(out)
+
+    @property
+    def nfe(self) -> int:
+        return self.core.nfe
+
+    def extra_repr(self) -> str:
+        return f"core={self.cfg.core}, steps={self.cfg.steps}"
+
+
+def config_dict(cfg: ViTConfig) -> dict:
+    return asdict(cfg)
