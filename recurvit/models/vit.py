@@ -93,7 +93,7 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
         self.pos_embed = nn.Parameter(torch.randn(1, cfg.num_patches + self.num_prefix_tokens, D) * 0.02)
         # recurrence shares one drop-path rate; a stack ramps it linearly as timm does
-        dpr = [x.item() for x in torch.linspace(0, cfg.drop_path, cfg.depth)] if cfg.depth > 1 else [cfg.drop_path]
+        dpr = [cfg.drop_path * i / (cfg.depth - 1) for i in range(cfg.depth)] if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nn.ModuleList([
             Block(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, cfg.init_values, dpr[i]) for i in range(cfg.depth)
         ])

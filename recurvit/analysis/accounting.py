@@ -1,0 +1,401 @@
+"""What a model costs: parameters, FLOPs and training memory.
+
+Conventions (shared by every function here):
+
+- **Parameters.** ``params`` is ``sum(p.numel() for p in model.parameters())`` (PyTorch already
+  drops a Parameter object that is registered twice). ``params_stored`` additionally deduplicates
+  distinct Parameter objects that are views of the same storage (tied weights), so it is the
+  number of values the model really keeps in memory. ``params_effective`` counts each block once
+  per application: the size of the equivalent unshared network (a 12-step bViT has the
+  ``params_effective`` of the 12-block ViT of the same width). ``param_bytes`` is the stored size
+  in bytes, with the split per dtype in ``param_bytes_by_dtype``.
+- **FLOPs.** Those of ``torch.utils.flop_counter.FlopCounterMode``: 2 FLOPs per multiply-add,
+  only matmuls, convolutions and attention (SDPA = its two matmuls, q k^T and P v) are counted;
+  norms, activations, softmax, biases and residual adds are not. Figures are per image. On CPU
+  ``F.scaled_dot_product_attention`` runs a kernel the stock counter does not know
+  (``_scaled_dot_product_flash_attention_for_cpu``); it is counted here with the same formula the
+  counter uses for the CUDA kernels, so CPU and CUDA counts agree.
+- **Training FLOPs** are forward + backward of a cross-entropy loss, gradients taken with respect
+  to every trainable parameter (not the input image, as in training).
+- **Training memory.** See :func:`peak_train_memory`: on CUDA the measured peak of the caching
+  allocator, on CPU the bytes of the tensors autograd saves for the backward pass.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..models.vit import ViTConfig
+
+InputShape = Tuple[int, int, int]  # (C, H, W) of one image
+
+_aten = torch.ops.aten
+
+
+# ----------------------------------------------------------------------------------- parameters
+def _storage_key(t: torch.Tensor) -> Tuple[Any, ...]:
+    """Identity of the values a tensor holds: equal keys mean the same memory (tied weights)."""
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        ptr = 0
+    if ptr == 0:  # meta / storage-less tensors: only the object itself identifies them
+        return ("id", id(t))
+    return (str(t.device), ptr, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _unique_params(module: nn.Module) -> List[torch.Tensor]:
+    seen, out = set(), []
+    for p in module.parameters():
+        key = _storage_key(p)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def _blocks(model: nn.Module) -> Optional[nn.ModuleList]:
+    blocks = getattr(model, "blocks", None)
+    return blocks if isinstance(blocks, nn.ModuleList) and len(blocks) > 0 else None
+
+
+def _default_block_uses(model: nn.Module) -> Optional[List[int]]:
+    """Applications of each block at the trained depth, where the config alone says so."""
+    cfg = getattr(model, "cfg", None)
+    blocks = _blocks(model)
+    if cfg is None or blocks is None:
+        return None
+    if cfg.core == "stack":
+        return [1 if i < cfg.steps else 0 for i in range(len(blocks))]
+    if cfg.core == "recurrent":
+        return [cfg.steps] + [0] * (len(blocks) - 1)
+    return None  # other cores: count them with measure_flops(...)["block_uses"]
+
+
+def count_params(model: nn.Module, block_uses: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+    """Parameter counts and bytes of ``model``.
+
+    Returns ``params`` (``sum(p.numel() for p in model.parameters())``), ``params_stored``
+    (values really stored: Parameters sharing storage counted once), ``params_effective``
+    (parameters outside ``model.blocks`` + each block's parameters times its number of
+    applications: the size of the equivalent unshared network), ``params_blocks`` (stored
+    parameters inside ``model.blocks``), ``param_bytes`` (stored bytes) and
+    ``param_bytes_by_dtype`` ({"float32": bytes, ...}).
+
+    ``block_uses[i]`` is how often ``model.blocks[i]`` runs in one forward pass. By default it is
+    read from the config for the stack (each block once) and recurrent (``steps`` times) cores;
+    for other cores pass the ``block_uses`` returned by :func:`measure_flops`, otherwise
+    ``params_effective`` is None.
+    """
+    unique = _unique_params(model)
+    params_stored = sum(p.numel() for p in unique)
+    by_dtype: Counter = Counter()
+    for p in unique:
+        by_dtype[str(p.dtype).replace("torch.", "")] += p.numel() * p.element_size()
+
+    blocks = _blocks(model)
+    uses = list(block_uses) if block_uses is not None else _default_block_uses(model)
+    params_blocks = sum(p.numel() for p in _unique_params(blocks)) if blocks is not None else 0
+    params_effective: Optional[int] = None
+    if blocks is None:
+        params_effective = params_stored
+    elif uses is not None:
+        if len(uses) != len(blocks):
+            raise ValueError(f"block_uses has {len(uses)} entries for {len(blocks)} blocks")
+        per_block = [sum(p.numel() for p in _unique_params(b)) for b in blocks]
+        params_effective = params_stored - params_blocks + sum(n * u for n, u in zip(per_block, uses))
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "params_stored": params_stored,
+        "params_effective": params_effective,
+        "params_blocks": params_blocks,
+        "param_bytes": sum(by_dtype.values()),
+        "param_bytes_by_dtype": dict(by_dtype),
+    }
+
+
+# ---------------------------------------------------------------------------------------- FLOPs
+def _sdpa_forward_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """softmax(q k^T) v as two batched matmuls: (Tq x d)(d x Tk) and (Tq x Tk)(Tk x dv), per head."""
+    b, h, tq, dq = query_shape
+    tk, dv = key_shape[-2], value_shape[-1]
+    return 2 * b * h * tq * tk * (dq + dv)
+
+
+def _sdpa_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                         **kwargs) -> int:
+    """Backward of SDPA as five matmuls: recomputed scores q k^T, dP = dO v^T, dV = P^T dO,
+    dQ = dS k and dK = dS^T q (torch's convention for its fused kernels)."""
+    b, h, tq, dq = query_shape
+    tk, dv = key_shape[-2], value_shape[-1]
+    return 2 * b * h * tq * tk * (3 * dq + 2 * dv)
+
+
+def _extra_flop_formulas() -> Dict[Any, Any]:
+    """SDPA kernels the stock counter does not know (CPU flash, out-of-tree backends)."""
+    pairs = [
+        ("_scaled_dot_product_flash_attention_for_cpu", _sdpa_forward_flops),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_backward_flops),
+        ("_scaled_dot_product_fused_attention_overrideable", _sdpa_forward_flops),
+        ("_scaled_dot_product_fused_attention_overrideable_backward", _sdpa_backward_flops),
+    ]
+    return {getattr(_aten, name): fn for name, fn in pairs if hasattr(_aten, name)}
+
+
+def flop_counter() -> FlopCounterMode:
+    """A silent ``FlopCounterMode`` that also counts the CPU attention kernel."""
+    return FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
+
+
+def _model_device_dtype(model: nn.Module) -> Tuple[torch.device, torch.dtype]:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.device, p.dtype
+    return torch.device("cpu"), torch.float32
+
+
+def _forward(model: nn.Module, x: torch.Tensor, steps: Optional[int]) -> torch.Tensor:
+    return model(x) if steps is None else model(x, steps=steps)
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    """Cross entropy for logits (B, classes); a mean square for any other output."""
+    if out.dim() == 2:
+        return F.cross_entropy(out.float(), torch.zeros(out.shape[0], dtype=torch.long, device=out.device))
+    return out.float().square().mean()
+
+
+def _grads(model: nn.Module, loss: torch.Tensor) -> None:
+    """Backward into every trainable parameter without touching ``.grad`` (no side effects)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if params and loss.requires_grad:
+        torch.autograd.grad(loss, params, allow_unused=True)
+
+
+@contextmanager
+def _mode(model: nn.Module, training: bool) -> Iterator[None]:
+    was = model.training
+    model.train(training)
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
+@contextmanager
+def _count_calls(modules: Optional[nn.ModuleList]) -> Iterator[List[int]]:
+    """Counts the calls of each module in ``modules`` while the context is open."""
+    counts = [0] * (len(modules) if modules is not None else 0)
+    handles = []
+    for i, m in enumerate(modules or []):
+        def hook(_m, _inp, i=i):
+            counts[i] += 1
+        handles.append(m.register_forward_pre_hook(hook))
+    try:
+        yield counts
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _per_image(total: int, batch: int) -> int:
+    return total // batch if total % batch == 0 else round(total / batch)
+
+
+def measure_flops(model: nn.Module, input_shape: InputShape, steps: Optional[int] = None,
+                  batch: int = 1, train: bool = True) -> Dict[str, Any]:
+    """Counted FLOPs per image of one forward pass and one training step (forward + backward).
+
+    Runs ``model`` on a random batch of shape ``(batch, *input_shape)`` on the model's device and
+    dtype (a model on the ``meta`` device works too: only shapes are needed). ``steps`` is passed
+    to the forward as ``model(x, steps=steps)`` when given. Returns ``flops_forward``,
+    ``flops_train`` (None if nothing is trainable or ``train=False``), ``flops_forward_by_op``
+    ({op: FLOPs}),
+    ``nfe`` (``model.core.nfe`` after the forward, or None) and ``block_uses`` (calls of each of
+    ``model.blocks`` in the forward, or None). The model's train/eval mode is left as it was.
+    """
+    device, dtype = _model_device_dtype(model)
+    x = torch.randn(batch, *input_shape, device=device, dtype=dtype)
+    blocks = _blocks(model)
+
+    with _mode(model, False), torch.no_grad(), _count_calls(blocks) as calls, flop_counter() as fwd:
+        _forward(model, x, steps)
+    core = getattr(model, "core", None)
+    nfe = getattr(core, "nfe", None)
+
+    flops_train: Optional[int] = None
+    if train and any(p.requires_grad for p in model.parameters()):
+        with _mode(model, True), flop_counter() as train:
+            _grads(model, _loss(_forward(model, x, steps)))
+        flops_train = _per_image(train.get_total_flops(), batch)
+
+    by_op = {str(op).replace("aten.", ""): _per_image(n, batch)
+             for op, n in fwd.get_flop_counts().get("Global", {}).items()}
+    return {
+        "flops_forward": _per_image(fwd.get_total_flops(), batch),
+        "flops_train": flops_train,
+        "flops_forward_by_op": by_op,
+        "nfe": int(nfe) if nfe is not None else None,
+        "block_uses": list(calls) if blocks is not None else None,
+    }
+
+
+def block_applications(cfg: ViTConfig, steps: Optional[int] = None) -> int:
+    """Block evaluations in one forward pass, for the cores where the config determines it."""
+    steps = cfg.steps if steps is None else int(steps)
+    if cfg.core in ("stack", "recurrent"):
+        return steps
+    raise ValueError(f"the number of block applications of a '{cfg.core}' core is not fixed by its config; "
+                     "pass applications= (e.g. measure_flops(...)['nfe'])")
+
+
+def analytic_flops(cfg: ViTConfig, steps: Optional[int] = None, applications: Optional[int] = None) -> int:
+    """Closed-form forward FLOPs per image of our ViT, in the convention of torch's flop counter.
+
+    With D = embed_dim, N patches, T = N (+1 with a class token), M = int(mlp_ratio * D):
+    patch embedding 2 N D C p^2; per block application qkv 2 T D 3D, attention scores and
+    weighted sum 2 * 2 T^2 D (summed over heads), output projection 2 T D^2, MLP 2 * 2 T D M;
+    the head 2 D classes (on the pooled token only). ``applications`` is the number of block
+    evaluations (default: ``steps``, for the stack and recurrent cores). Step conditioning and
+    re-injection add no matmul; matmuls of other cores (routers, time embeddings) are not
+    included.
+    """
+    n_apps = block_applications(cfg, steps) if applications is None else int(applications)
+    D, T, N = cfg.embed_dim, cfg.num_patches + (1 if cfg.class_token else 0), cfg.num_patches
+    M = int(D * cfg.mlp_ratio)
+    patch = 2 * N * D * cfg.in_chans * cfg.patch_size ** 2
+    qkv = 2 * T * D * 3 * D
+    attention = 2 * 2 * T * T * D
+    proj = 2 * T * D * D
+    mlp = 2 * 2 * T * D * M
+    head = 2 * D * cfg.num_classes
+    return patch + n_apps * (qkv + attention + proj + mlp) + head
+
+
+# --------------------------------------------------------------------------------------- memory
+def saved_tensor_bytes(model: nn.Module, batch: int, input_shape: InputShape,
+                       steps: Optional[int] = None) -> int:
+    """Bytes of the tensors autograd saves for the backward pass of one training forward.
+
+    Every tensor packed by autograd is recorded through ``torch.autograd.graph.saved_tensors_hooks``;
+    tensors sharing a storage (views: q, k, v of one qkv output) are counted once with the full
+    storage size; parameters, buffers and the input batch are excluded. This is the activation
+    memory that a training step holds at the end of its forward pass, where it peaks; it leaves
+    out short-lived temporaries and the parameter gradients. Regions under activation
+    checkpointing install their own hooks and are not seen. Works on any device.
+    """
+    device, dtype = _model_device_dtype(model)
+    x = torch.randn(batch, *input_shape, device=device, dtype=dtype)
+    excluded = {_storage_key_ptr(t) for t in [*model.parameters(), *model.buffers(), x]}
+    storages: Dict[Tuple[str, int], int] = {}
+    keep: List[torch.Tensor] = []  # holds the saved tensors so their addresses are not reused
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key_ptr(t)
+        if key is not None and key not in excluded and key not in storages:
+            storages[key] = t.untyped_storage().nbytes()
+            keep.append(t)
+        return t
+
+    with _mode(model, True), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = _forward(model, x, steps)
+    del out
+    return sum(storages.values())
+
+
+def _storage_key_ptr(t: torch.Tensor) -> Optional[Tuple[str, int]]:
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return (str(t.device), ptr) if ptr else None
+
+
+def peak_train_memory(model: nn.Module, batch: int, input_shape: InputShape,
+                      device: Union[str, torch.device] = "cpu", steps: Optional[int] = None) -> int:
+    """Peak activation memory in bytes of one training step (forward + backward) at batch ``batch``.
+
+    The model is moved to ``device`` (in place, as ``nn.Module.to`` does).
+
+    - CUDA: ``torch.cuda.max_memory_allocated`` during the step minus the memory allocated before
+      it (model and input batch): activations saved for backward, temporaries and workspaces,
+      and the parameter gradients as they are produced.
+    - Other devices: :func:`saved_tensor_bytes`, the bytes autograd holds for the backward pass
+      at the end of the forward (activations only; no temporaries, no gradients).
+    """
+    device = torch.device(device)
+    model.to(device)
+    if device.type != "cuda":
+        return saved_tensor_bytes(model, batch, input_shape, steps)
+    _, dtype = _model_device_dtype(model)
+    x = torch.randn(batch, *input_shape, device=device, dtype=dtype)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    with _mode(model, True):
+        _grads(model, _loss(_forward(model, x, steps)))
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+# -------------------------------------------------------------------------------------- summary
+def account(model_name_or_model: Union[str, nn.Module], batch: int = 8, device: Union[str, torch.device] = "cpu",
+            memory: bool = True, run_steps: Optional[int] = None, input_shape: Optional[InputShape] = None,
+            **overrides: Any) -> Dict[str, Any]:
+    """Params, FLOPs and training memory of a preset (with config ``overrides``) or a built model.
+
+    ``create_model(name, **overrides)`` builds a preset (``steps=`` there sets the trained depth);
+    ``run_steps`` runs the forward at another step count. ``batch`` is used for the memory
+    measurement only (FLOPs are per image and exact at batch 1); ``memory=False`` skips it.
+    ``input_shape`` (C, H, W) defaults to the model config's. A built model is moved to ``device``
+    in place. Returns a flat dict (see keys below); ``peak_train_method`` says which measurement of
+    :func:`peak_train_memory` was used.
+    """
+    if isinstance(model_name_or_model, str):
+        from ..models.registry import create_model
+
+        model = create_model(model_name_or_model, **overrides).to(device)
+        name = model_name_or_model
+    else:
+        if overrides:
+            raise ValueError(f"overrides {sorted(overrides)} apply to a preset name, not to a built model")
+        model = model_name_or_model.to(device)
+        name = getattr(model, "preset_name", type(model).__name__)
+    cfg: Optional[ViTConfig] = getattr(model, "cfg", None)
+    if input_shape is None:
+        if cfg is None:
+            raise ValueError("input_shape=(C, H, W) is needed for a model without a ViTConfig .cfg")
+        input_shape = (cfg.in_chans, cfg.img_size, cfg.img_size)
+
+    flops = measure_flops(model, input_shape, steps=run_steps)
+    counts = count_params(model, block_uses=flops["block_uses"])
+    steps = run_steps if run_steps is not None else (cfg.steps if cfg is not None else None)
+    analytic: Optional[int] = None
+    if cfg is not None and cfg.core in ("stack", "recurrent"):
+        analytic = analytic_flops(cfg, steps)
+    peak = peak_train_memory(model, batch, input_shape, device, steps=run_steps) if memory else None
+    return {
+        "model": name,
+        "core": cfg.core if cfg is not None else None,
+        **{k: counts[k] for k in ("params", "params_stored", "params_effective", "param_bytes")},
+        "flops_forward": flops["flops_forward"],
+        "flops_train": flops["flops_train"],
+        "flops_analytic": analytic,
+        "nfe": flops["nfe"],
+        "peak_train_bytes": peak,
+        "peak_train_method": None if peak is None else
+        ("cuda_max_allocated" if torch.device(device).type == "cuda" else "saved_tensors"),
+        "batch": batch,
+        "steps": steps,
+        "img_size": input_shape[-1],
+        "patch_size": cfg.patch_size if cfg is not None else None,
+        "embed_dim": cfg.embed_dim if cfg is not None else None,
+        "num_heads": cfg.num_heads if cfg is not None else None,
+        "depth": cfg.depth if cfg is not None else None,
+    }

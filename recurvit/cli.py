@@ -1,0 +1,56 @@
+"""Command line: ``recurvit <command> ...``. Each command lives in ``recurvit/commands/<name>.py``
+with ``add_parser(subparsers)`` and ``run(args) -> int``.
+
+Errors a user can cause (UserError) end with one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+from .errors import UserError
+
+COMMANDS = ["train", "eval", "horizon", "flops", "match", "study", "mixture", "vae", "analyze", "finetune"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own usage errors: one line, exit 2
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="recurvit", description="Recurrent-depth vision transformers: train, evaluate, study.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"recurvit.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"recurvit.commands.{name}":
+                continue  # command not built yet
+            raise
+        p = mod.add_parser(sub)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; resume with `recurvit train --resume RUN_DIR`", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

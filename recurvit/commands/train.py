@@ -1,0 +1,58 @@
+"""recurvit train [CONFIG.yaml] [key=value ...] [--out DIR] | --resume RUN_DIR"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import load_config
+from ..errors import UserError
+from . import print_json
+
+
+def add_parser(sub):
+    p = sub.add_parser("train", help="train a model (default: a small bViT on digits)",
+                       description="Train a model. With no arguments: configs/digits/bvit.yaml's model on digits.")
+    p.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
+                   help="optional YAML config, then dotted overrides such as train.epochs=5 model.steps=8")
+    p.add_argument("--out", type=Path, help="run directory (default runs/<data>-<model>-<time>)")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its last.pt")
+    p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
+    return p
+
+
+def split_args(args):
+    config = [a for a in args if "=" not in a]
+    overrides = [a for a in args if "=" in a]
+    if len(config) > 1:
+        raise UserError(f"expected at most one config file, got {', '.join(config)}")
+    return (config[0] if config else None), overrides
+
+
+def run(args) -> int:
+    from ..train.loop import default_run_dir, train
+
+    config, overrides = split_args(args.args)
+    if args.resume is not None:
+        if config is not None:
+            raise UserError("--resume reads the run's own config.yaml; give only key=value overrides with it")
+        out = args.resume
+        if not (out / "config.yaml").is_file():
+            raise UserError(f"cannot resume: {out / 'config.yaml'} not found (is {out} a run directory?)")
+        cfg = load_config(out / "config.yaml", overrides)
+    else:
+        cfg = load_config(config or _default_config(), overrides)
+        out = args.out or default_run_dir(cfg)
+    log = (lambda *a, **k: None) if args.json else print
+    metrics = train(cfg, out, resume=args.resume is not None, log=log)
+    if args.json:
+        print_json({"run_dir": str(out), **metrics})
+    else:
+        print(f"run {out}  test_acc {metrics.get('test_acc', float('nan')):.4f}  "
+              f"train_seconds {metrics.get('train_seconds', 0):.1f}")
+    return 0
+
+
+def _default_config():
+    """The embedded default: the packaged digits bViT config."""
+    from importlib.resources import files
+
+    return str(files("recurvit") / "configs" / "digits" / "bvit.yaml")

@@ -1,0 +1,347 @@
+"""Data set loading: digits, Fashion-MNIST (IDX), CIFAR-10/100 (torchvision), ImageFolder, synthetic.
+
+Small data sets are held in memory as uint8 (N, C, H, W) tensors inside `TensorImageDataset`, so a
+per-item transform only does cheap tensor ops. Missing or malformed data raise a one-line `UserError`.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import tarfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torchvision import datasets as tvd
+from torchvision.datasets.utils import extract_archive
+
+from ..errors import UserError
+from . import transforms as T
+
+if TYPE_CHECKING:
+    from ..config import DataConfig
+
+DATASETS: tuple[str, ...] = ("digits", "fashion_mnist", "cifar10", "cifar100", "imagefolder", "synthetic")
+
+FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"  # where Debian's dataset-fashion-mnist installs
+CIFAR_ROOT = "data/cifar"
+IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+CIFAR_STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+# torchvision classes used to read CIFAR; a registry so tests can swap in a subclass whose md5 table
+# matches their tiny files while keeping torchvision's integrity check and parsing code.
+CIFAR_CLASSES: dict[str, type[tvd.CIFAR10]] = {"cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100}
+
+DIGITS_TEST_SIZE = 360
+DIGITS_SPLIT_SEED = 0
+IDX_IMAGES_MAGIC = 2051  # 0x00000803: unsigned byte, 3 dims
+IDX_LABELS_MAGIC = 2049  # 0x00000801: unsigned byte, 1 dim
+FASHION_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a model needs to know about a data set; mean/std are the per-channel normalisation used."""
+
+    name: str
+    img_size: int
+    in_chans: int
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    native_size: Optional[int]  # None: variable (ImageFolder)
+    crop_padding: int
+    hflip: bool
+
+
+_DEFAULTS = {
+    "digits": _Defaults(8, 1, False),  # digits are not mirror-symmetric
+    "fashion_mnist": _Defaults(28, 2, True),
+    "cifar10": _Defaults(32, 4, True),
+    "cifar100": _Defaults(32, 4, True),
+    "imagefolder": _Defaults(None, 0, True),  # RandomResizedCrop does the spatial augmentation
+    "synthetic": _Defaults(None, 0, False),  # deterministic items unless asked otherwise
+}
+
+
+class TensorImageDataset(Dataset):
+    """In-memory images: uint8 (N, C, H, W) tensor + int64 labels; items are (transform(image), int label)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: Optional[Callable] = None) -> None:
+        if images.dtype != torch.uint8 or images.ndim != 4 or len(images) != len(labels):
+            raise ValueError(f"bad in-memory data: images {images.dtype} {tuple(images.shape)}, {len(labels)} labels")
+        self.images = images
+        self.labels = labels.to(torch.int64)
+        self._targets = self.labels.tolist()  # python ints: cheaper per item than indexing a tensor
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self._targets)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.images[index]
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, self._targets[index]
+
+
+# ---------------------------------------------------------------------------------------- readers
+
+
+def _to_nchw(images: np.ndarray) -> torch.Tensor:
+    """uint8 (N, H, W) or (N, H, W, C) numpy -> contiguous uint8 (N, C, H, W) tensor."""
+    if images.ndim == 3:
+        images = images[:, None]
+    else:
+        images = images.transpose(0, 3, 1, 2)
+    return torch.from_numpy(np.ascontiguousarray(images))
+
+
+def load_digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """sklearn digits as uint8 (N, 8, 8) in 0..255, with a fixed stratified split (360 test images)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    images = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)
+    labels = bunch.target.astype(np.int64)
+    train_idx, test_idx = train_test_split(
+        np.arange(len(labels)), test_size=DIGITS_TEST_SIZE, stratify=labels, random_state=DIGITS_SPLIT_SEED
+    )
+    return images[train_idx], labels[train_idx], images[test_idx], labels[test_idx]
+
+
+def read_idx(path: str | os.PathLike, magic: int) -> np.ndarray:
+    """Read an unsigned-byte IDX file (gzip-compressed if the name ends in .gz) and check its header."""
+    path = Path(path)
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                raw = f.read()
+        else:
+            raw = path.read_bytes()
+    except (OSError, EOFError, zlib.error) as e:
+        raise UserError(f"cannot read IDX file {path}: {e} (truncated or not gzip?)") from None
+    ndim = magic & 0xFF
+    header = 4 + 4 * ndim
+    found = int.from_bytes(raw[:4], "big") if len(raw) >= 4 else None
+    if found is not None and found != magic:
+        raise UserError(f"{path} is not the expected IDX file: magic number {found}, expected {magic}")
+    if len(raw) < header:
+        raise UserError(f"IDX file {path} is truncated: {len(raw)} bytes, shorter than its {header}-byte header")
+    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    expected = int(np.prod(dims))
+    if len(raw) - header != expected:
+        raise UserError(
+            f"IDX file {path} has {len(raw) - header} data bytes but its header {dims} needs {expected}"
+            " (truncated or wrong file)"
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims).copy()
+
+
+def _find_idx(root: Path, base: str) -> Optional[Path]:
+    for candidate in (root / f"{base}.gz", root / base):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_fashion_mnist(root: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The four original Fashion-MNIST IDX files (.gz or uncompressed) in `root` -> uint8 images, int64 labels."""
+    root = Path(root).expanduser()
+    paths = {key: _find_idx(root, base) for key, base in FASHION_FILES.items()}
+    missing = [FASHION_FILES[k] + "[.gz]" for k, p in paths.items() if p is None]
+    if missing:
+        raise UserError(
+            f"Fashion-MNIST not found: expected {', '.join(missing)} in {root}"
+            " (set data.root=DIR; on Debian: apt install dataset-fashion-mnist)"
+        )
+    out: list[np.ndarray] = []
+    for split in ("train", "test"):
+        img_path, lbl_path = paths[f"{split}_images"], paths[f"{split}_labels"]
+        images = read_idx(img_path, IDX_IMAGES_MAGIC)
+        labels = read_idx(lbl_path, IDX_LABELS_MAGIC).astype(np.int64)
+        if len(images) != len(labels):
+            raise UserError(f"{img_path} holds {len(images)} images but {lbl_path} holds {len(labels)} labels")
+        if images.shape[1] != images.shape[2]:
+            raise UserError(f"{img_path}: images are {images.shape[1]}x{images.shape[2]}, expected square images")
+        if labels.size and labels.max() > 9:
+            raise UserError(f"{lbl_path}: label {labels.max()} out of range 0..9")
+        out += [images, labels]
+    if out[0].shape[1:] != out[2].shape[1:]:
+        raise UserError(f"Fashion-MNIST train images are {out[0].shape[1:]} but test images are {out[2].shape[1:]}")
+    return out[0], out[1], out[2], out[3]
+
+
+def load_cifar(name: str, root: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """CIFAR-10/100 through torchvision (download=False, md5-checked) -> uint8 (N, 32, 32, 3), int64 labels.
+
+    `root` holds the extracted folder or the official .tar.gz, which is then extracted into `root`.
+    """
+    cls = CIFAR_CLASSES[name]
+    root = Path(root).expanduser()
+    folder, archive = root / cls.base_folder, root / cls.filename
+    if not folder.is_dir():
+        if not archive.is_file():
+            raise UserError(
+                f"{name} not found: expected folder {cls.base_folder}/ or archive {cls.filename} under {root}"
+                " (set data.root=DIR)"
+            )
+        try:
+            extract_archive(archive, root)
+        except (OSError, EOFError, tarfile.TarError, zlib.error) as e:
+            raise UserError(f"cannot extract {archive} into {root}: {e}") from None
+    files = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+    try:
+        train = cls(root, train=True, download=False)
+        test = cls(root, train=False, download=False)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, ValueError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(
+            f"{name} in {folder} is incomplete or corrupted ({reason}); expected the official files"
+            f" {', '.join(files)}"
+        ) from None
+    return (
+        np.asarray(train.data, dtype=np.uint8),
+        np.asarray(train.targets, dtype=np.int64),
+        np.asarray(test.data, dtype=np.uint8),
+        np.asarray(test.targets, dtype=np.int64),
+    )
+
+
+def make_synthetic(
+    n: int, size: int, chans: int, classes: int, split: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic learnable images: class brightness level + class low-frequency pattern + noise.
+
+    Class prototypes come from a fixed seed shared by both splits; `split` ("train"/"test") seeds the
+    labels and noise. Independent of the run seed.
+    """
+    protos_gen = torch.Generator().manual_seed(0)
+    pattern = torch.rand(classes, chans, 4, 4, generator=protos_gen) * 2 - 1  # in [-1, 1]
+    pattern = torch.nn.functional.interpolate(pattern, size=(size, size), mode="bilinear", align_corners=False)
+    level = torch.linspace(48, 208, classes) if classes > 1 else torch.full((1,), 128.0)
+    protos = level.view(-1, 1, 1, 1) + 48 * pattern
+    gen = torch.Generator().manual_seed({"train": 1, "test": 2}[split])
+    labels = (torch.arange(n) % classes)[torch.randperm(n, generator=gen)]
+    noise = torch.randint(-32, 33, (n, chans, size, size), generator=gen, dtype=torch.int16).float()
+    images = (protos[labels] + noise).round().clamp_(0, 255).to(torch.uint8)
+    return images, labels
+
+
+# ---------------------------------------------------------------------------------------- assembly
+
+
+def _check_cfg(cfg: DataConfig) -> None:
+    if cfg.name not in DATASETS:
+        raise UserError(f"unknown data set data.name={cfg.name!r}; choose one of {', '.join(DATASETS)}")
+    if cfg.img_size is not None and cfg.img_size < 1:
+        raise UserError(f"data.img_size must be a positive integer or null (got {cfg.img_size})")
+    if cfg.crop_padding is not None and cfg.crop_padding < 0:
+        raise UserError(f"data.crop_padding must be >= 0 (got {cfg.crop_padding})")
+    if cfg.name == "synthetic":
+        sizes = {k: getattr(cfg, f"synthetic_{k}") for k in ("train", "test", "classes", "size", "chans")}
+        bad = [f"data.synthetic_{k}={v}" for k, v in sizes.items() if v < 1]
+        if bad:
+            raise UserError(f"synthetic data set sizes must be >= 1: {', '.join(bad)}")
+
+
+def _augment_options(cfg: DataConfig, size: int) -> tuple[int, bool]:
+    """(crop padding, hflip) after defaults. A default padding is scaled with img_size/native size."""
+    d = _DEFAULTS[cfg.name]
+    if cfg.crop_padding is not None:
+        padding = int(cfg.crop_padding)
+    elif d.crop_padding > 0 and d.native_size and size != d.native_size:
+        padding = max(1, int(d.crop_padding * size / d.native_size + 0.5))
+    else:
+        padding = d.crop_padding
+    hflip = d.hflip if cfg.hflip is None else bool(cfg.hflip)
+    return padding, hflip
+
+
+def _in_memory(
+    cfg: DataConfig,
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    num_classes: int,
+    stats: Optional[tuple[tuple[float, ...], tuple[float, ...]]] = None,
+) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """Wrap uint8 NCHW tensors with the configured transforms; stats None: computed from the train images."""
+    native, chans = int(train[0].shape[-1]), int(train[0].shape[1])
+    if cfg.randaugment and chans not in (1, 3):
+        raise UserError(f"data.randaugment needs 1- or 3-channel images; {cfg.name} has {chans} channels")
+    size = int(cfg.img_size or native)
+    mean, std = stats if stats is not None else T.channel_stats(train[0].numpy())
+    padding, hflip = _augment_options(cfg, size)
+    train_tf = T.tensor_train_transform(size, native, mean, std, padding, hflip, bool(cfg.randaugment))
+    test_tf = T.tensor_test_transform(size, native, mean, std)
+    info = DatasetInfo(cfg.name, size, chans, num_classes, tuple(mean), tuple(std))
+    return TensorImageDataset(*train, transform=train_tf), TensorImageDataset(*test, transform=test_tf), info
+
+
+def _image_folder(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
+    if not cfg.root:
+        raise UserError("data.name=imagefolder needs data.root=DIR with train/<class>/* and val/<class>/* images")
+    root = Path(cfg.root).expanduser()
+    dirs = {split: root / split for split in ("train", "val")}
+    missing = [str(d) for d in dirs.values() if not d.is_dir()]
+    if missing:
+        raise UserError(f"imagefolder: expected class folders in {' and '.join(missing)} (train/<class>/*.png|jpg)")
+    size = int(cfg.img_size or 224)
+    mean, std = IMAGENET_STATS
+    padding, hflip = _augment_options(cfg, size)
+    train_tf = T.folder_train_transform(size, mean, std, padding, hflip, bool(cfg.randaugment))
+    test_tf = T.folder_test_transform(size, mean, std)
+    try:
+        train = tvd.ImageFolder(dirs["train"], transform=train_tf)
+        test = tvd.ImageFolder(dirs["val"], transform=test_tf)
+    except (FileNotFoundError, OSError) as e:
+        raise UserError(f"imagefolder under {root}: {str(e).splitlines()[0]}") from None
+    if train.classes != test.classes:
+        raise UserError(
+            f"imagefolder: {dirs['train']} has {len(train.classes)} classes but {dirs['val']} has"
+            f" {len(test.classes)} (or different names); they must match"
+        )
+    return train, test, DatasetInfo(cfg.name, size, 3, len(train.classes), mean, std)
+
+
+def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """(train set with augmentation, test set without, info) for a DataConfig.
+
+    Items are (float32 CxHxW normalised tensor, int label).
+    """
+    _check_cfg(cfg)
+    name = cfg.name
+    if name == "digits":
+        xtr, ytr, xte, yte = load_digits_split()
+        return _in_memory(cfg, (_to_nchw(xtr), torch.from_numpy(ytr)), (_to_nchw(xte), torch.from_numpy(yte)), 10)
+    if name == "fashion_mnist":
+        xtr, ytr, xte, yte = load_fashion_mnist(cfg.root or FASHION_MNIST_ROOT)
+        return _in_memory(cfg, (_to_nchw(xtr), torch.from_numpy(ytr)), (_to_nchw(xte), torch.from_numpy(yte)), 10)
+    if name in CIFAR_CLASSES:
+        xtr, ytr, xte, yte = load_cifar(name, cfg.root or CIFAR_ROOT)
+        classes = 10 if name == "cifar10" else 100
+        train, test = (_to_nchw(xtr), torch.from_numpy(ytr)), (_to_nchw(xte), torch.from_numpy(yte))
+        return _in_memory(cfg, train, test, classes, CIFAR_STATS[name])
+    if name == "imagefolder":
+        return _image_folder(cfg)
+    size, chans, classes = cfg.synthetic_size, cfg.synthetic_chans, cfg.synthetic_classes
+    train = make_synthetic(cfg.synthetic_train, size, chans, classes, "train")
+    test = make_synthetic(cfg.synthetic_test, size, chans, classes, "test")
+    return _in_memory(cfg, train, test, classes)

@@ -1,0 +1,120 @@
+"""Per-item and per-batch transforms (torchvision.transforms.v2 on uint8 CxHxW tensors)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from torchvision.transforms import v2
+
+from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..config import DataConfig
+
+BatchTransform = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def channel_stats(images: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Exact per-channel mean/std (in [0, 1] units) of uint8 images shaped (N, C, H, W).
+
+    Uses a 256-bin histogram per channel, so no float copy of the data set is made.
+    """
+    if images.dtype != np.uint8 or images.ndim != 4:
+        raise ValueError(f"expected uint8 (N, C, H, W) images, got {images.dtype} {images.shape}")
+    levels = np.arange(256, dtype=np.float64) / 255.0
+    means, stds = [], []
+    for c in range(images.shape[1]):
+        counts = np.bincount(images[:, c].ravel(), minlength=256).astype(np.float64)
+        p = counts / counts.sum()
+        mean = float((p * levels).sum())
+        var = float((p * (levels - mean) ** 2).sum())
+        means.append(round(mean, 4))
+        stds.append(round(var**0.5, 4) if var > 1e-12 else 1.0)  # constant data: leave the scale alone
+    return tuple(means), tuple(stds)
+
+
+def _normalize(mean: Sequence[float], std: Sequence[float]) -> list[v2.Transform]:
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
+
+
+def tensor_train_transform(
+    size: int,
+    native_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    padding: int,
+    hflip: bool,
+    randaugment: bool,
+) -> v2.Compose:
+    """Training pipeline for in-memory uint8 tensors: [resize] [pad+crop] [flip] [RandAugment] -> float, normalised."""
+    steps: list[v2.Transform] = []
+    if size != native_size:
+        steps.append(v2.Resize((size, size), antialias=True))
+    if padding > 0:
+        steps.append(v2.RandomCrop(size, padding=padding))
+    if hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    if randaugment:
+        steps.append(v2.RandAugment())
+    return v2.Compose(steps + _normalize(mean, std))
+
+
+def tensor_test_transform(size: int, native_size: int, mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
+    """Evaluation pipeline for in-memory uint8 tensors: [resize] -> float, normalised."""
+    steps: list[v2.Transform] = []
+    if size != native_size:
+        steps.append(v2.Resize((size, size), antialias=True))
+    return v2.Compose(steps + _normalize(mean, std))
+
+
+def folder_train_transform(
+    size: int, mean: Sequence[float], std: Sequence[float], padding: int, hflip: bool, randaugment: bool
+) -> v2.Compose:
+    """ImageNet-style training pipeline for PIL images: RandomResizedCrop, [pad+crop], [flip], [RandAugment]."""
+    steps: list[v2.Transform] = [v2.ToImage(), v2.RandomResizedCrop(size, antialias=True)]
+    if padding > 0:
+        steps.append(v2.RandomCrop(size, padding=padding))
+    if hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    if randaugment:
+        steps.append(v2.RandAugment())
+    return v2.Compose(steps + _normalize(mean, std))
+
+
+def folder_test_transform(size: int, mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
+    """ImageNet-style evaluation pipeline for PIL images: resize to size/0.875, centre crop."""
+    steps: list[v2.Transform] = [
+        v2.ToImage(),
+        v2.Resize(int(size / 0.875 + 0.5), antialias=True),
+        v2.CenterCrop(size),
+    ]
+    return v2.Compose(steps + _normalize(mean, std))
+
+
+def build_batch_transform(cfg: DataConfig, num_classes: int) -> Optional[BatchTransform]:
+    """MixUp and/or CutMix on a collated (images, int64 labels) batch -> (images, soft targets (B, num_classes)).
+
+    Both alphas > 0: one of the two is picked at random per batch. Both 0: None (no batch transform).
+    """
+    mixup, cutmix = float(cfg.mixup_alpha), float(cfg.cutmix_alpha)
+    if mixup < 0 or cutmix < 0:
+        raise UserError(f"data.mixup_alpha and data.cutmix_alpha must be >= 0 (got {mixup}, {cutmix})")
+    ops: list[v2.Transform] = []
+    if mixup > 0:
+        ops.append(v2.MixUp(alpha=mixup, num_classes=num_classes))
+    if cutmix > 0:
+        ops.append(v2.CutMix(alpha=cutmix, num_classes=num_classes))
+    if not ops:
+        return None
+    return ops[0] if len(ops) == 1 else v2.RandomChoice(ops)
+
+
+__all__ = [
+    "build_batch_transform",
+    "channel_stats",
+    "tensor_train_transform",
+    "tensor_test_transform",
+    "folder_train_transform",
+    "folder_test_transform",
+]

@@ -1,0 +1,124 @@
+"""Checkpoints: atomic save (temp file + rename), safe load (weights_only=True), clear errors.
+
+A checkpoint is a dict with ``format``, ``config`` (the resolved run config as plain types),
+``model`` (state_dict) and, for ``last.pt``, the optimizer / scheduler / RNG state to resume.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..config import RunConfig, to_object
+from ..errors import UserError
+
+FORMAT = "recurvit-checkpoint-v1"
+
+
+def save_atomic(obj: Any, path: str | Path) -> None:
+    """torch.save to a temp file in the same directory, then rename: a crash never leaves half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def resolve_checkpoint(path: str | Path, prefer: str = "best.pt") -> Path:
+    """A run directory -> its best.pt (or last.pt); a file -> itself."""
+    p = Path(path)
+    if p.is_dir():
+        for name in (prefer, "best.pt", "last.pt"):
+            if (p / name).is_file():
+                return p / name
+        raise UserError(f"no checkpoint in {p}: expected best.pt or last.pt (is it a recurvit run directory?)")
+    if not p.is_file():
+        raise UserError(f"checkpoint not found: {p}")
+    return p
+
+
+def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Dict[str, Any]:
+    p = Path(path)
+    try:
+        ckpt = torch.load(p, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"checkpoint not found: {p}") from None
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as e:
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot read checkpoint {p}: corrupt, truncated or not a safe torch file ({first})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "model" not in ckpt or "config" not in ckpt:
+        raise UserError(f"{p} is not a recurvit checkpoint (expected a file written by `recurvit train`)")
+    return ckpt
+
+
+def config_from_checkpoint(ckpt: Dict[str, Any]) -> RunConfig:
+    from omegaconf import OmegaConf
+
+    return to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), ckpt["config"]))
+
+
+def build_model_from_config(cfg: RunConfig, **overrides) -> nn.Module:
+    from dataclasses import asdict
+
+    from ..models import create_model
+
+    opts = {k: v for k, v in asdict(cfg.model).items() if k != "name" and v is not None}
+    opts.update({k: v for k, v in overrides.items() if v is not None})
+    return create_model(cfg.model.name, **opts)
+
+
+def load_state(model: nn.Module, state: Dict[str, torch.Tensor], source: str | Path) -> None:
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0]
+        raise UserError(f"checkpoint {source} does not match its model: {detail[:200]}") from None
+
+
+def load_model(path: str | Path, map_location: Any = "cpu", **overrides) -> nn.Module:
+    """Model from a run directory or checkpoint with its weights, in eval mode.
+
+    ``overrides`` change how it runs (e.g. ``method="rk4"``, ``steps=24`` for an ODE model);
+    parameters must still match the checkpoint.
+    """
+    model, _ = load_model_and_config(path, map_location, **overrides)
+    return model
+
+
+def load_model_and_config(path: str | Path, map_location: Any = "cpu", **overrides) -> Tuple[nn.Module, RunConfig]:
+    p = resolve_checkpoint(path)
+    ckpt = load_checkpoint(p, map_location)
+    cfg = config_from_checkpoint(ckpt)
+    model = build_model_from_config(cfg, **overrides)
+    load_state(model, ckpt["model"], p)
+    model.eval()
+    return model, cfg
+
+
+def rng_state() -> Dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Optional[Dict[str, Any]]) -> None:
+    if not state:
+        return
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

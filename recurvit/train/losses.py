@@ -1,0 +1,82 @@
+"""Training objectives over recursion steps: stage-wise deep supervision and depth schedules.
+
+The model never computes its loss: it returns logits at the requested readout steps
+(``model.forward_steps(x, steps=k, at=readouts)``) and these functions weigh them.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..config import DepthConfig, SupervisionConfig
+
+WEIGHTINGS = ("uniform", "linear", "last")
+SCHEDULES = ("fixed", "uniform", "poisson_lognormal")
+
+
+def readout_steps(steps: int, stages: int) -> List[int]:
+    """Equally spaced 1-based readout steps ending at ``steps``: 12 steps, 4 stages -> [3, 6, 9, 12]."""
+    stages = max(1, min(stages, steps))
+    return sorted({max(1, round(steps * (i + 1) / stages)) for i in range(stages)})
+
+
+def stage_weights(kind: str, n: int) -> torch.Tensor:
+    """Loss weight of each readout, summing to one: uniform, linear ramp (1..n), or last only."""
+    if kind == "uniform":
+        w = torch.ones(n)
+    elif kind == "linear":
+        w = torch.arange(1, n + 1, dtype=torch.float32)
+    elif kind == "last":
+        w = torch.zeros(n)
+        w[-1] = 1.0
+    else:
+        raise ValueError(f"train.supervision.weights must be one of {', '.join(WEIGHTINGS)}, got '{kind}'")
+    return w / w.sum()
+
+
+def soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Cross entropy for class indices or soft targets (MixUp / CutMix)."""
+    if target.ndim == 2:
+        if label_smoothing:
+            target = target * (1 - label_smoothing) + label_smoothing / target.shape[1]
+        return torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+    return F.cross_entropy(logits.float(), target, label_smoothing=label_smoothing)
+
+
+def supervised_loss(logits_at: torch.Tensor, target: torch.Tensor, weights: torch.Tensor,
+                    label_smoothing: float = 0.0) -> torch.Tensor:
+    """sum_s w_s * CE(logits_s, target) over readouts; logits_at is (S, B, C)."""
+    losses = torch.stack([soft_cross_entropy(lg, target, label_smoothing) for lg in logits_at])
+    return (weights.to(losses.device) * losses).sum()
+
+
+class DepthSampler:
+    """Steps to run for each training batch around the nominal depth T.
+
+    - fixed: always T.
+    - uniform: k ~ U{min_steps, ..., max_steps} (max_steps default 2T).
+    - poisson_lognormal: k = 1 + Poisson(lambda), log(lambda) ~ N(log(T - 1) - sigma^2 / 2, sigma),
+      so E[k] = T with heavy tails (the looped-transformer robustness recipe).
+    """
+
+    def __init__(self, cfg: DepthConfig, nominal: int, generator: Optional[torch.Generator] = None):
+        if cfg.schedule not in SCHEDULES:
+            raise ValueError(f"train.depth.schedule must be one of {', '.join(SCHEDULES)}, got '{cfg.schedule}'")
+        self.cfg, self.nominal, self.gen = cfg, nominal, generator
+        self.hi = cfg.max_steps or 2 * nominal
+        if cfg.schedule == "uniform" and not 1 <= cfg.min_steps <= self.hi:
+            raise ValueError(f"train.depth needs 1 <= min_steps <= max_steps, got {cfg.min_steps}..{self.hi}")
+
+    def __call__(self) -> int:
+        c = self.cfg
+        if c.schedule == "fixed":
+            return self.nominal
+        if c.schedule == "uniform":
+            return int(torch.randint(c.min_steps, self.hi + 1, (1,), generator=self.gen))
+        mu = math.log(max(self.nominal - 1, 1e-3)) - c.sigma ** 2 / 2
+        lam = torch.exp(mu + c.sigma * torch.randn(1, generator=self.gen))
+        k = 1 + int(torch.poisson(lam, generator=self.gen))
+        return min(k, c.max_steps or 4 * self.nominal)

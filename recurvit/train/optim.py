@@ -1,0 +1,45 @@
+"""AdamW with decay only on weight matrices, and a per-iteration linear-warmup cosine schedule."""
+from __future__ import annotations
+
+import math
+from typing import List
+
+import torch
+import torch.nn as nn
+
+from ..config import TrainConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> List[dict]:
+    """No weight decay on norms, biases, embeddings (pos/cls/step) and 1-D parameters."""
+    skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.ndim <= 1 or name in skip or name.endswith(".bias") or "embed" in name.split(".")[-1] \
+                or "step_" in name or "token" in name:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas),
+                             fused=fused or None)
+
+
+def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, iters_per_epoch: int):
+    total = max(1, cfg.epochs * iters_per_epoch)
+    warmup = int(round(cfg.warmup_epochs * iters_per_epoch))
+    floor = cfg.min_lr / cfg.lr if cfg.lr > 0 else 0.0
+
+    def factor(it: int) -> float:
+        if it < warmup:
+            return (it + 1) / warmup
+        progress = min(1.0, (it - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
