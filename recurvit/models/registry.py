@@ -24,6 +24,9 @@ def register(name: str, builder: Callable[..., nn.Module] = VisionTransformer, c
 for _size, (_dim, _heads) in WIDTHS.items():
     register(f"vit_{_size}", embed_dim=_dim, num_heads=_heads, depth=12, core="stack")
     register(f"bvit_{_size}", embed_dim=_dim, num_heads=_heads, depth=1, steps=12, core="recurrent")
+for _size in ("tiny", "small"):
+    _dim, _heads = WIDTHS[_size]
+    register(f"srvit_{_size}", embed_dim=_dim, num_heads=_heads, depth=12, core="softmor", recursions=2)
 
 
 def list_models() -> List[str]:
