@@ -1,0 +1,228 @@
+"""SoftMoR core (models/softmor.py): reduction to the ViT, step semantics, router, accounting."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from recurvit.analysis.accounting import count_params, measure_flops
+from recurvit.errors import UserError
+from recurvit.models import ViTConfig, create_model
+from recurvit.models.softmor import MAX_RECURSIONS, SoftMoRCore, router_params
+
+SMALL = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, num_heads=2, depth=3)
+LAYOUTS = ("inplace", "cycle")
+ROUTER_KEYS = {"core.weight", "core.bias"}
+
+
+def _srvit(r: int, layout: str, seed: int = 0, random_router: bool = True):
+    torch.manual_seed(seed)
+    m = create_model("srvit_tiny", recursions=r, layout=layout, **SMALL).eval()
+    if random_router:  # the zero-initialised router mixes uniformly; test a non-trivial one
+        with torch.no_grad():
+            m.core.weight.normal_(0, 1.0)
+            m.core.bias.normal_(0, 1.0)
+    return m
+
+
+def _x(b: int = 2, seed: int = 1):
+    return torch.randn(b, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
+
+
+def _reference(model, x):
+    """SoftMoR written out directly from its definition (block calls, softmax over steps)."""
+    core, blocks, r = model.core, model.blocks, model.core.recursions
+
+    def mixture(u, hs):
+        s = torch.stack([F.layer_norm(h, h.shape[-1:], eps=1e-6) @ core.weight[u] + core.bias[u, i]
+                         for i, h in enumerate(hs)], dim=-1)
+        p = s.softmax(dim=-1)
+        return sum(p[..., i:i + 1] * h for i, h in enumerate(hs))
+
+    z = model.embed(x)
+    if core.layout == "inplace":
+        for l, block in enumerate(blocks):
+            hs = []
+            for _ in range(r):
+                z = block(z)
+                hs.append(z)
+            z = mixture(l, hs)
+    else:
+        hs = []
+        for _ in range(r):
+            for block in blocks:
+                z = block(z)
+            hs.append(z)
+        z = mixture(0, hs)
+    return model.forward_head(model.norm(z))
+
+
+# ------------------------------------------------------------------------------ definition
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("r", [2, 3])
+def test_matches_the_written_out_definition(layout, r):
+    m = _srvit(r, layout)
+    x = _x()
+    with torch.no_grad():
+        assert torch.allclose(m(x), _reference(m, x), atol=1e-5)
+    assert m.nfe == SMALL["depth"] * r
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_one_recursion_is_exactly_the_vit(layout):
+    torch.manual_seed(0)
+    vit = create_model("vit_tiny", **SMALL).eval()
+    sr = create_model("srvit_tiny", recursions=1, layout=layout, **SMALL).eval()
+    res = sr.load_state_dict(vit.state_dict(), strict=False)
+    assert set(res.missing_keys) == ROUTER_KEYS and not res.unexpected_keys  # everything else strict
+    with torch.no_grad():
+        sr.core.weight.normal_()  # whatever the router holds, one step has weight exactly 1
+        sr.core.bias.normal_()
+        x = _x(3)
+        assert torch.allclose(sr(x), vit(x), atol=1e-6, rtol=0)
+        if layout == "inplace":  # the layer-wise readout is the ViT's too
+            assert torch.allclose(sr.forward_steps(x), vit.forward_steps(x), atol=1e-6, rtol=0)
+    assert sr.nfe == SMALL["depth"]
+    assert torch.equal(sr.core.last_weights[0], torch.ones(3, 17, 1))
+
+
+# ---------------------------------------------------------------------------------- steps
+@pytest.mark.parametrize("layout, r, nominal", [("inplace", 2, 3), ("inplace", 4, 3), ("cycle", 3, 3), ("cycle", 4, 4)])
+def test_forward_steps_equal_truncated_forwards(layout, r, nominal):
+    m = _srvit(r, layout)
+    x = _x()
+    assert m.nominal_steps == m.core.max_steps == nominal
+    with torch.no_grad():
+        all_steps = m.forward_steps(x)
+        assert all_steps.shape == (nominal, 2, 10)
+        for k in range(1, nominal + 1):
+            out = m(x, steps=k)
+            assert m.nfe == (k * r if layout == "inplace" else k * SMALL["depth"])
+            assert torch.allclose(all_steps[k - 1], out, atol=1e-6, rtol=0)
+        assert torch.allclose(m.forward_steps(x, at=[1, nominal])[0], all_steps[0], atol=1e-6, rtol=0)
+    with pytest.raises(ValueError):
+        m(x, steps=nominal + 1)
+
+
+def test_cycle_steps_are_fewer_recursions():
+    """cycle: running c < r cycles is the same model recursed c times (bias prior truncated)."""
+    m4 = _srvit(4, "cycle")
+    m2 = create_model("srvit_tiny", recursions=2, layout="cycle", **SMALL).eval()
+    sd = m4.state_dict()
+    sd["core.bias"] = sd["core.bias"][:, :2]
+    m2.load_state_dict(sd)
+    x = _x()
+    with torch.no_grad():
+        assert torch.allclose(m4(x, steps=2), m2(x), atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------------------- mixture weights
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_last_weights_are_token_wise_distributions(layout):
+    r = 3
+    m = _srvit(r, layout)
+    x = _x()
+    m(x)
+    w = m.core.last_weights
+    assert len(w) == (SMALL["depth"] if layout == "inplace" else 1)
+    for p in w:
+        assert p.shape == (2, 17, r) and not p.requires_grad
+        assert (p > 0).all()
+        assert torch.allclose(p.sum(-1), torch.ones(2, 17), atol=1e-6)
+        assert p.std(dim=1).max() > 1e-3  # token-wise: tokens get different weights
+    m(x, steps=2)
+    assert len(m.core.last_weights) == (2 if layout == "inplace" else 1)
+    if layout == "cycle":
+        assert m.core.last_weights[0].shape[-1] == 2
+    fresh = create_model("srvit_tiny", recursions=r, layout=layout, **SMALL)  # zero router: uniform
+    fresh(x)
+    assert all(torch.allclose(p, torch.full_like(p, 1 / r)) for p in fresh.core.last_weights)
+
+
+# ------------------------------------------------------------------------------ gradients
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("r", [1, 2, 3, 4])
+def test_every_parameter_gets_a_gradient(layout, r):
+    torch.manual_seed(r)
+    m = create_model("srvit_tiny", recursions=r, layout=layout, **SMALL).train()  # zero-init router
+    out = m(_x())
+    F.cross_entropy(out, torch.tensor([1, 7])).backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None, name
+        if name in ROUTER_KEYS and r == 1:
+            assert torch.count_nonzero(p.grad) == 0, name  # softmax over one step is constant
+        else:
+            assert torch.count_nonzero(p.grad) > 0, name
+    if r > 1:  # every unit's router gets its own gradient, every step's bias too
+        assert (m.core.weight.grad.abs().sum(-1) > 0).all()
+        assert (m.core.bias.grad != 0).all()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_truncated_backprop_keeps_logits_and_trains_the_last_router(layout):
+    m = _srvit(2, layout)
+    x = _x()
+    full = m(x)
+    trunc = m.forward_head(m.forward_features(x, grad_last=1))
+    assert torch.allclose(full, trunc, atol=1e-6)
+    trunc.sum().backward()
+    assert torch.count_nonzero(m.core.weight.grad[-1]) > 0
+    first = m.blocks[0].attn.qkv.weight.grad  # inplace: unit 1 ran without a graph; cycle: the last pass has one
+    assert (first is None) if layout == "inplace" else (torch.count_nonzero(first) > 0)
+
+
+# ------------------------------------------------------------------------------ accounting
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("r", [1, 2, 3, 4])
+def test_parameter_overhead_is_the_router(layout, r):
+    torch.manual_seed(0)
+    cfg_kw = dict(recursions=r, layout=layout, **SMALL)
+    with torch.device("meta"):
+        sr, vit = create_model("srvit_tiny", **cfg_kw), create_model("vit_tiny", **SMALL)
+    L, D = SMALL["depth"], SMALL["embed_dim"]
+    assert router_params(sr.cfg) == (L if layout == "inplace" else 1) * (D + r)
+    assert count_params(sr)["params_stored"] - count_params(vit)["params_stored"] == router_params(sr.cfg)
+
+
+def test_srvit_small_r4_imagenet_overhead():
+    with torch.device("meta"):  # shapes only: 224/16, 1000 classes
+        vit = create_model("vit_small")
+        inplace = create_model("srvit_small", recursions=4)
+        cycle = create_model("srvit_small", recursions=4, layout="cycle")
+    base = count_params(vit)["params_stored"]
+    assert base == 22_050_664
+    assert count_params(inplace)["params_stored"] - base == router_params(inplace.cfg) == 12 * (384 + 4) == 4656
+    assert count_params(cycle)["params_stored"] - base == router_params(cycle.cfg) == 384 + 4 == 388
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_block_uses_and_nfe(layout):
+    r = 3
+    m = _srvit(r, layout)
+    got = measure_flops(m, (1, 8, 8), train=False)
+    assert got["nfe"] == SMALL["depth"] * r
+    assert got["block_uses"] == [r] * SMALL["depth"]
+    counts = count_params(m, block_uses=got["block_uses"])
+    assert counts["params_effective"] == counts["params_stored"] + (r - 1) * counts["params_blocks"]
+
+
+# ----------------------------------------------------------------------------- validation
+def test_presets_and_overrides():
+    m = create_model("srvit_tiny", **SMALL)
+    assert isinstance(m.core, SoftMoRCore) and m.core.kind == "softmor"
+    assert m.core.recursions == 2 and m.core.layout == "inplace" and m.nominal_steps == SMALL["depth"]
+    c = create_model("srvit_tiny", recursions=MAX_RECURSIONS, layout="cycle", **SMALL)
+    assert c.core.recursions == 4 and c.nominal_steps == 4
+
+
+@pytest.mark.parametrize("bad", [
+    dict(recursions=0), dict(recursions=5), dict(recursions=-1), dict(recursions=2.5), dict(recursions=True),
+    dict(layout="stacked"), dict(steps=2), dict(layout="cycle", steps=5), dict(step_cond="embed"),
+    dict(reinject=True),
+])
+def test_invalid_options_are_user_errors(bad):
+    with pytest.raises(UserError) as e:
+        create_model("srvit_tiny", **{**SMALL, **bad})
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError):
+        SoftMoRCore(ViTConfig(core="softmor", **{**SMALL, **bad}))
