@@ -75,6 +75,10 @@ def _default_block_uses(model: nn.Module) -> Optional[List[int]]:
         return [1 if i < cfg.steps else 0 for i in range(len(blocks))]
     if cfg.core == "recurrent":
         return [cfg.steps] + [0] * (len(blocks) - 1)
+    if cfg.core == "softmor":
+        if cfg.layout == "inplace":  # the first `steps` blocks, each recursed r times
+            return [cfg.recursions if i < cfg.steps else 0 for i in range(len(blocks))]
+        return [cfg.steps] * len(blocks)  # cycle: the whole stack once per cycle
     return None  # other cores: count them with measure_flops(...)["block_uses"]
 
 
@@ -251,6 +255,8 @@ def block_applications(cfg: ViTConfig, steps: Optional[int] = None) -> int:
     steps = cfg.steps if steps is None else int(steps)
     if cfg.core in ("stack", "recurrent"):
         return steps
+    if cfg.core == "softmor":
+        return steps * (cfg.recursions if cfg.layout == "inplace" else cfg.depth)
     raise ValueError(f"the number of block applications of a '{cfg.core}' core is not fixed by its config; "
                      "pass applications= (e.g. measure_flops(...)['nfe'])")
 
@@ -377,7 +383,7 @@ def account(model_name_or_model: Union[str, nn.Module], batch: int = 8, device: 
     counts = count_params(model, block_uses=flops["block_uses"])
     steps = run_steps if run_steps is not None else (cfg.steps if cfg is not None else None)
     analytic: Optional[int] = None
-    if cfg is not None and cfg.core in ("stack", "recurrent"):
+    if cfg is not None and cfg.core in ("stack", "recurrent", "softmor"):
         analytic = analytic_flops(cfg, steps)
     peak = peak_train_memory(model, batch, input_shape, device, steps=run_steps) if memory else None
     return {

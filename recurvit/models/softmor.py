@@ -55,16 +55,19 @@ In both layouts ``forward_steps(x, K)[k-1] == model(x, steps=k)``.
 without a graph; router scores and mixtures always record one (they are cheap, and in the
 ``cycle`` layout the final mixture still weighs every pass).
 
-``core.last_weights``: after a forward, a list with one detached tensor (B, T, r) per unit run
-(``cycle``: one entry with one column per cycle run), positive, summing to one over the steps.
+``core.last_weights``: after a forward, a list with one detached float32 tensor (B, T, r) per
+unit run (``cycle``: one entry with one column per cycle run), positive, summing to one over the
+steps. Router scores and the softmax run in float32 (autocast off); the mixture is taken in the
+states' dtype.
 
-Config: ``cfg.steps`` must equal L for ``inplace``; for ``cycle`` the step count is r (the
-config's default steps = depth is accepted and ignored). ``step_cond`` / ``reinject`` are not
+Config: ``cfg.steps`` must equal L for ``inplace``; for ``cycle`` the step count is r.
+``step_cond`` / ``reinject`` are not
 supported by this core.
 """
 from __future__ import annotations
 
 import numbers
+from contextlib import nullcontext
 from typing import Iterator, List, Optional
 
 import torch
@@ -76,6 +79,14 @@ from .cores import Core, _grad_ctx
 LAYOUTS = ("inplace", "cycle")
 MAX_RECURSIONS = 4  # the range studied by SoftMoR (r = 1..4)
 _LN_EPS = 1e-6
+
+
+def _no_autocast(t: torch.Tensor):
+    """Autocast off on ``t``'s device (a no-op context on devices without autocast, e.g. meta)."""
+    try:
+        return torch.autocast(t.device.type, enabled=False)
+    except RuntimeError:
+        return nullcontext()
 
 
 def check_recursions(r) -> int:
@@ -116,7 +127,7 @@ class SoftMoRCore(Core):
                                  f"got steps={cfg.steps}, depth={cfg.depth}")
             nominal = self.depth
         else:
-            if cfg.steps not in (self.recursions, cfg.depth):
+            if cfg.steps != self.recursions:
                 raise ValueError(f"a softmor cycle model has steps = recursions (one step per cycle); "
                                  f"got steps={cfg.steps}, recursions={self.recursions}")
             nominal = self.recursions
@@ -135,13 +146,13 @@ class SoftMoRCore(Core):
     # ------------------------------------------------------------- router
     def score(self, u: int, i: int, h: torch.Tensor) -> torch.Tensor:
         """s_{u,i}(t) = w_u . LN(h(t)) + b_{u,i}: (B, T, D) -> (B, T), in float32."""
-        with torch.autocast(h.device.type, enabled=False):  # the router runs in float32 under AMP too
+        with _no_autocast(h):  # the router runs in float32 under AMP too
             hn = F.layer_norm(h.float(), h.shape[-1:], eps=_LN_EPS)
             return hn @ self.weight[u].float() + self.bias[u, i].float()
 
     def mix(self, hs: List[torch.Tensor], scores: List[torch.Tensor]):
         """Token-wise softmax over the steps and the weighted sum of their states."""
-        with torch.autocast(hs[0].device.type, enabled=False):
+        with _no_autocast(hs[0]):
             p = torch.softmax(torch.stack(scores, dim=-1), dim=-1)  # (B, T, n), float32
         if len(hs) == 1:
             m = hs[0] * p[..., 0:1].to(hs[0].dtype)  # p = 1 exactly: m = h_1 bit for bit

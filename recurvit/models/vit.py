@@ -52,7 +52,10 @@ class ViTConfig:
 
     def __post_init__(self):
         if self.steps is None:
-            self.steps = self.depth if self.core in ("stack", "softmor") else 12
+            if self.core == "softmor":
+                self.steps = self.recursions if self.layout == "cycle" else self.depth
+            else:
+                self.steps = self.depth if self.core == "stack" else 12
 
     @property
     def num_patches(self) -> int:
@@ -123,7 +126,7 @@ class VisionTransformer(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set:
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token", "core.bias"}
 
     # --------------------------------------------------------------- forward
     @property
