@@ -97,25 +97,6 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, steps: Op
     return {"loss": loss_sum / max(n, 1), "accuracy": correct / max(n, 1), "n": n}
 
 
-@torch.no_grad()
-def evaluate_steps(model: nn.Module, loader: Iterable, device: torch.device, steps: int,
-                   amp: str = "auto") -> Dict[str, list]:
-    """Per-step test loss and accuracy for steps 1..K in one pass of K block applications per batch."""
-    model.eval()
-    n = 0
-    loss_sum = torch.zeros(steps, dtype=torch.float64)
-    correct = torch.zeros(steps, dtype=torch.float64)
-    for x, y in loader:
-        x, y = x.to(device), y.to(device)
-        with autocast(device, amp):
-            logits = model.forward_steps(x, steps=steps)  # (K, B, C)
-        for k in range(steps):
-            loss_sum[k] += soft_cross_entropy(logits[k], y).item() * len(y)
-        correct += (logits.argmax(-1) == y).sum(dim=1).double().cpu()
-        n += len(y)
-    return {"step": list(range(1, steps + 1)), "loss": (loss_sum / n).tolist(), "accuracy": (correct / n).tolist()}
-
-
 # -------------------------------------------------------------------------------- training
 def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: DepthSampler,
                     batch_transform=None, epoch: int = 0) -> Dict[str, float]:
@@ -173,8 +154,13 @@ def default_run_dir(cfg: RunConfig, root: str = "runs") -> Path:
     return out
 
 
-def train(cfg: RunConfig, out: Path, resume: bool = False, log=print) -> Dict[str, float]:
-    """Train ``cfg`` into run directory ``out`` (or continue it from last.pt); returns final metrics."""
+def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
+          stop_after: Optional[int] = None) -> Dict[str, float]:
+    """Train ``cfg`` into run directory ``out`` (or continue it from last.pt); returns final metrics.
+
+    ``stop_after=k`` ends the run after epoch k as an interruption would (last.pt written), so a
+    later ``resume=True`` continues it; used to test that resuming changes nothing.
+    """
     out = Path(out)
     prepare_run_dir(out, resume)
     state = ckpt_io.load_checkpoint(out / "last.pt") if resume else None
@@ -189,7 +175,7 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print) -> Dict[st
     opt = build_optimizer(model, cfg.train, device)
     sched = build_scheduler(opt, cfg.train, len(train_loader))
     try:
-        depth = DepthSampler(cfg.train.depth, model.nominal_steps)
+        depth = DepthSampler(cfg.train.depth, model.nominal_steps, cap=model.core.max_steps)
         stage_weights(cfg.train.supervision.weights, 1)
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -234,6 +220,9 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print) -> Dict[st
         if "test_acc" in metrics:
             log(f"epoch {epoch + 1:>3}/{cfg.train.epochs}  loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
                 f"test_acc {metrics['test_acc']:.4f}  {m['img_per_s']:.0f} img/s  {m['seconds']:.1f}s")
+        if stop_after is not None and epoch + 1 >= stop_after and not last:
+            log(f"stopped after epoch {epoch + 1}; continue with `recurvit train --resume {out}`")
+            return metrics
     if not metrics:  # resumed a finished run
         lines = (out / "metrics.jsonl").read_text().splitlines()
         metrics = json.loads(lines[-1]) if lines else {}

@@ -58,15 +58,19 @@ class DepthSampler:
 
     - fixed: always T.
     - uniform: k ~ U{min_steps, ..., max_steps} (max_steps default 2T).
+
+    ``cap`` bounds k for cores that cannot run deeper than they are (a stack of L blocks).
     - poisson_lognormal: k = 1 + Poisson(lambda), log(lambda) ~ N(log(T - 1) - sigma^2 / 2, sigma),
       so E[k] = T with heavy tails (the looped-transformer robustness recipe).
     """
 
-    def __init__(self, cfg: DepthConfig, nominal: int, generator: Optional[torch.Generator] = None):
+    def __init__(self, cfg: DepthConfig, nominal: int, generator: Optional[torch.Generator] = None,
+                 cap: Optional[int] = None):
         if cfg.schedule not in SCHEDULES:
             raise ValueError(f"train.depth.schedule must be one of {', '.join(SCHEDULES)}, got '{cfg.schedule}'")
         self.cfg, self.nominal, self.gen = cfg, nominal, generator
-        self.hi = cfg.max_steps or 2 * nominal
+        self.cap = cap  # the most steps the core can run (stack / softmor: its nominal depth)
+        self.hi = min(cfg.max_steps or 2 * nominal, cap or 10**9)
         if cfg.schedule == "uniform" and not 1 <= cfg.min_steps <= self.hi:
             raise ValueError(f"train.depth needs 1 <= min_steps <= max_steps, got {cfg.min_steps}..{self.hi}")
 
@@ -79,4 +83,4 @@ class DepthSampler:
         mu = math.log(max(self.nominal - 1, 1e-3)) - c.sigma ** 2 / 2
         lam = torch.exp(mu + c.sigma * torch.randn(1, generator=self.gen))
         k = 1 + int(torch.poisson(lam, generator=self.gen))
-        return min(k, c.max_steps or 4 * self.nominal)
+        return min(k, c.max_steps or 4 * self.nominal, self.cap or 10**9)

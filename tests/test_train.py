@@ -1,0 +1,109 @@
+"""Training end to end on digits: learning, resume equivalence, checkpoints, regimes."""
+import json
+
+import pytest
+import torch
+
+from recurvit.config import load_config
+from recurvit.errors import UserError
+from recurvit.train import checkpoint as ckpt_io
+from recurvit.train.loop import train
+from recurvit.train.losses import DepthSampler, readout_steps, stage_weights
+from recurvit.config import DepthConfig
+
+FAST = ["model.embed_dim=48", "model.steps=4", "train.batch_size=128", "train.progress=false"]
+
+
+def _cfg(*overrides):
+    return load_config("configs/digits/bvit.yaml", FAST + list(overrides))
+
+
+def _metrics(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_digits_run_learns_and_writes_its_run_directory(tmp_path):
+    m = train(_cfg("train.epochs=6", "train.lr=2e-3"), tmp_path / "run", log=lambda *a: None)
+    assert m["test_acc"] > 0.6  # chance is 0.1
+    run = tmp_path / "run"
+    assert {"config.yaml", "metrics.jsonl", "last.pt", "best.pt"} <= {p.name for p in run.iterdir()}
+    rows = _metrics(run)
+    assert [r["epoch"] for r in rows] == list(range(1, 7))
+    assert {"epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "img_per_s", "seconds"} <= set(rows[-1])
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    model = ckpt_io.load_model(run)
+    assert model.cfg.img_size == 8 and model.cfg.in_chans == 1 and model.cfg.num_classes == 10
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    cfg = _cfg("train.epochs=4")
+    full = train(cfg, tmp_path / "full", log=lambda *a: None)
+    train(cfg, tmp_path / "part", log=lambda *a: None, stop_after=2)
+    assert len(_metrics(tmp_path / "part")) == 2
+    resumed = train(load_config(tmp_path / "part" / "config.yaml"), tmp_path / "part", resume=True, log=lambda *a: None)
+    for key in ("train_loss", "train_acc", "test_loss", "test_acc"):
+        assert resumed[key] == pytest.approx(full[key], abs=1e-6), key
+    a = torch.load(tmp_path / "full" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "part" / "last.pt", weights_only=True)["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0)
+
+
+def test_existing_run_directory_is_never_overwritten(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "precious.txt").write_text("keep me")
+    with pytest.raises(UserError, match="already exists"):
+        train(_cfg("train.epochs=1"), run, log=lambda *a: None)
+    assert (run / "precious.txt").read_text() == "keep me"
+
+
+def test_checkpoint_errors_are_user_errors(tmp_path):
+    train(_cfg("train.epochs=1"), tmp_path / "run", log=lambda *a: None)
+    last = (tmp_path / "run" / "last.pt").read_bytes()
+    (tmp_path / "trunc.pt").write_bytes(last[: len(last) // 2])
+    with pytest.raises(UserError, match="corrupt, truncated"):
+        ckpt_io.load_model(tmp_path / "trunc.pt")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
+    with pytest.raises(UserError, match="not a recurvit checkpoint"):
+        ckpt_io.load_model(tmp_path / "foreign.pt")
+    ck = torch.load(tmp_path / "run" / "best.pt", weights_only=True)
+    ck["config"]["model"]["embed_dim"] = 24  # the weights no longer fit the config
+    torch.save(ck, tmp_path / "mismatch.pt")
+    with pytest.raises(UserError, match="does not match"):
+        ckpt_io.load_model(tmp_path / "mismatch.pt")
+
+
+def test_atomic_save_leaves_old_file_on_failure(tmp_path):
+    path = tmp_path / "x.pt"
+    ckpt_io.save_atomic({"a": 1}, path)
+
+    class Boom:
+        def __reduce__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        ckpt_io.save_atomic({"a": Boom()}, path)
+    assert torch.load(path, weights_only=True) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.pt"]  # no temp file left behind
+
+
+def test_readouts_and_weights():
+    assert readout_steps(12, 4) == [3, 6, 9, 12]
+    assert readout_steps(6, 1) == [6]
+    assert readout_steps(2, 4) == [1, 2]
+    assert stage_weights("uniform", 4).tolist() == [0.25] * 4
+    torch.testing.assert_close(stage_weights("linear", 4), torch.tensor([0.1, 0.2, 0.3, 0.4]))
+    assert stage_weights("last", 3).tolist() == [0.0, 0.0, 1.0]
+
+
+def test_depth_sampler_schedules():
+    g = torch.Generator().manual_seed(0)
+    uni = DepthSampler(DepthConfig(schedule="uniform", min_steps=2, max_steps=9), 6, g)
+    ks = [uni() for _ in range(500)]
+    assert min(ks) == 2 and max(ks) == 9
+    pln = DepthSampler(DepthConfig(schedule="poisson_lognormal", sigma=0.5), 6, g)
+    ks = torch.tensor([pln() for _ in range(4000)], dtype=torch.float)
+    assert ks.min() >= 1 and abs(ks.mean().item() - 6) < 0.5
+    capped = DepthSampler(DepthConfig(schedule="uniform"), 6, g, cap=6)
+    assert max(capped() for _ in range(200)) == 6
