@@ -1,0 +1,76 @@
+"""The command line: every error a user can cause ends with ONE line and exit code 2."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from recurvit.cli import main
+
+FAST = ["model.embed_dim=24", "model.steps=2", "train.epochs=1", "train.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "run"
+    assert main(["train", *FAST, "--out", str(out)]) == 0
+    return out
+
+
+def _fails(capsys, argv, needle):
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert needle in err, err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["train", "model.name=vit_giant"], "unknown model"),
+    (["train", "model.steps=0"], "steps must be >= 1"),
+    (["train", "model.patch_size=3"], "does not divide"),
+    (["train", "data.name=fashion_mnist", "data.root=/nonexistent"], "train-images-idx3-ubyte"),
+    (["train", "data.name=cifar100", "data.root=/nonexistent"], "cifar-100-python"),
+    (["train", "train.epochs=many"], "bad config"),
+    (["train", "train.nope=1"], "bad config"),
+    (["train", "missing.yaml"], "config file not found"),
+    (["train", "epochs5"], "config file not found"),
+    (["train", "train.supervision.weights=cubic", "train.epochs=1"], "weights must be"),
+    (["eval", "/nonexistent/run"], "checkpoint not found"),
+    (["flops", "bvit_tiny", "patch_size=5"], "does not divide"),
+    (["match", "nope"], "unknown model"),
+])
+def test_bad_input_one_line_exit_2(capsys, argv, needle):
+    _fails(capsys, argv, needle)
+
+
+def test_train_eval_horizon_and_corrupt_checkpoint(run_dir, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert {"accuracy", "loss", "steps"} <= set(res) and res["steps"] == 2
+    assert main(["eval", str(run_dir), "--steps", "5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 5
+    _fails(capsys, ["eval", str(run_dir), "--steps", "0"], "--steps must be >= 1")
+    assert main(["horizon", str(run_dir), "--max-steps", "6", "--json"]) == 0
+    h = json.loads(capsys.readouterr().out)
+    assert h["acc_T"] is not None and len(h["sweep"]["accuracy"]) == 6
+    assert (run_dir / "horizon.csv").read_text().splitlines()[0] == "step,accuracy,loss,rel_change"
+    assert (run_dir / "horizon.png").stat().st_size > 1000
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes((run_dir / "best.pt").read_bytes()[:2000])
+    _fails(capsys, ["eval", str(bad)], "corrupt, truncated")
+
+
+def test_existing_run_dir_is_kept(run_dir, capsys):
+    before = sorted(p.name for p in run_dir.iterdir())
+    _fails(capsys, ["train", *FAST, "--out", str(run_dir)], "already exists")
+    assert sorted(p.name for p in run_dir.iterdir()) == before
+    _fails(capsys, ["train", "--resume", str(run_dir / "nope")], "config.yaml not found")
+
+
+def test_console_entry_point_exit_code(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "recurvit", "train", "model.name=nope"], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]
+    assert "Traceback" not in r.stderr
