@@ -48,8 +48,11 @@ def model_config(name: str, **overrides):
     unknown = sorted(set(overrides) - valid)
     if unknown:
         raise UserError(f"model '{name}' has no option {', '.join(unknown)}; options: {', '.join(sorted(valid))}")
-    if "steps" in overrides and "depth" not in overrides and base.get("core") == "stack":
-        overrides["depth"] = overrides["steps"]  # a stack's depth is its step count
+    if overrides.get("core", base.get("core")) == "stack":  # a stack's step count is its depth
+        if "depth" in overrides:
+            overrides["steps"] = overrides["depth"]
+        elif "steps" in overrides:
+            overrides["depth"] = overrides["steps"]
     try:
         return config_cls(**{**base, **overrides})
     except (TypeError, ValueError) as e:
