@@ -43,6 +43,7 @@ class RunSpec:
     run_id: str
     labels: Dict[str, str]  # grid axis -> label of this run's value
     overrides: List[str]  # dotted key=value
+    base: Optional[Path] = None  # a variant's own base config (default: the study's)
 
 
 @dataclass
@@ -71,13 +72,7 @@ def load_study(path: str | Path) -> Study:
     for key in ("name", "base", "grid"):
         if key not in raw:
             raise UserError(f"study file {p} needs a '{key}:' entry (see recurvit/analysis/study.py)")
-    base = Path(raw["base"])
-    for cand in (p.parent / base, base):
-        if cand.is_file():
-            base = cand
-            break
-    else:
-        raise UserError(f"study base config not found: {raw['base']} (relative to {p.parent} or the current directory)")
+    base = _find(raw["base"], p)
     axes = []
     for axis, values in (raw["grid"] or {}).items():
         if isinstance(values, dict):
@@ -91,9 +86,17 @@ def load_study(path: str | Path) -> Study:
         axes.append((str(axis), variants))
     ev = raw.get("eval") or {}
     study = Study(name=str(raw["name"]), base=base, axes=axes, max_steps_factor=int(ev.get("max_steps_factor", 4)),
-                  results=Path(raw["results"]) if raw.get("results") else None, path=p)
+                  results=(p.parent / raw["results"]).resolve() if raw.get("results") else None, path=p)
     study.runs = expand(study)
     return study
+
+
+def _find(path: str, study_file: Optional[Path]) -> Path:
+    """A config path relative to the study file's folder, else to the current directory."""
+    for cand in ((study_file.parent / path) if study_file else None, Path(path)):
+        if cand is not None and cand.is_file():
+            return cand
+    raise UserError(f"study base config not found: {path} (relative to the study file or the current directory)")
 
 
 def expand(study: Study) -> List[RunSpec]:
@@ -105,7 +108,9 @@ def expand(study: Study) -> List[RunSpec]:
             overrides += [f"{k}={_yaml_value(v)}" for k, v in ov.items()]
         run_id = "__".join(f"{axis.split('.')[-1]}={lbl}" if _is_value_axis(study, axis) else lbl
                            for axis, lbl in labels.items())
-        runs.append(RunSpec(run_id=run_id, labels=labels, overrides=overrides))
+        base = next((ov["base"] for _, (_, ov) in zip(study.axes, combo) if "base" in ov), None)
+        runs.append(RunSpec(run_id=run_id, labels=labels, overrides=[o for o in overrides if not o.startswith("base=")],
+                            base=_find(base, study.path) if base else study.base))
     return runs
 
 
@@ -181,8 +186,13 @@ def run_one(base: str, overrides: List[str], out: str, max_steps_factor: int, la
     return res
 
 
-def _run_one_star(kw):
-    return run_one(**kw)
+def _run_one_safe(kw) -> Dict[str, Any]:
+    """run_one, but a run that fails (diverged, bad option) is reported, not fatal to the study."""
+    try:
+        return run_one(**kw)
+    except UserError as e:
+        (Path(kw["out"]) / "error.txt").write_text(str(e) + "\n") if Path(kw["out"]).is_dir() else None
+        return {"run_id": Path(kw["out"]).name, **kw["labels"], "error": str(e)}
 
 
 # ------------------------------------------------------------------------------------ the study
@@ -197,7 +207,7 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
         if (rd / "result.json").is_file():
             done.append(json.loads((rd / "result.json").read_text()))
         else:
-            todo.append(dict(base=str(study.base), overrides=spec.overrides, out=str(rd),
+            todo.append(dict(base=str(spec.base), overrides=spec.overrides, out=str(rd),
                              max_steps_factor=study.max_steps_factor, labels=spec.labels))
     log(f"study {study.name}: {len(study.runs)} runs, {len(done)} already finished, {len(todo)} to run "
         f"({workers} worker{'s' if workers > 1 else ''}) in {out}")
@@ -205,7 +215,7 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
     if workers <= 1:
         for kw in todo:
             bar.set_postfix_str(Path(kw["out"]).name)
-            done.append(run_one(**kw))
+            done.append(_run_one_safe(kw))
             bar.update()
     else:
         import multiprocessing as mp
@@ -213,11 +223,14 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
 
         threads = max(1, (os.cpu_count() or 1) // workers)
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
-            futs = [ex.submit(_run_one_star, {**kw, "threads": threads}) for kw in todo]
+            futs = [ex.submit(_run_one_safe, {**kw, "threads": threads}) for kw in todo]
             for f in as_completed(futs):
                 done.append(f.result())
                 bar.update()
     bar.close()
+    for r in done:
+        if "error" in r:
+            log(f"run {r['run_id']} failed: {r['error']}")
     order = {s.run_id: i for i, s in enumerate(study.runs)}
     return sorted(done, key=lambda r: order.get(r["run_id"], 1 << 30))
 
@@ -287,6 +300,8 @@ def _pm(ms: Tuple[float, float], scale: float = 100.0, digits: int = 1) -> str:
 def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, command: str = "") -> Path:
     """results.csv, report.md and the plots into ``out_dir``; returns the report path."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    failed = [r for r in rows if "error" in r]
+    rows = [r for r in rows if "error" not in r]
     write_results_csv(rows, study, out_dir / "results.csv")
     cs = cells(rows, study)
     axes = [a for a, _ in study.axes if a != SEED_KEY]
@@ -308,6 +323,8 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
             _pm(c["acc_T"]), _pm(c["acc_2T"]), _pm(c["acc_4T"]), _pm(c["acc_mean_T_4T"]),
             f"{c['train_seconds'][0]:.0f}"]) + " |")
     lines.append("")
+    if failed:
+        lines += ["Failed runs (not in the table):", ""] + [f"- `{r['run_id']}`: {r['error']}" for r in failed] + [""]
     plots = write_plots(rows, cs, study, out_dir)
     for title, name in plots:
         lines += [f"![{title}]({name})", ""]

@@ -1,0 +1,83 @@
+"""SoftMoR mixture weights: which recursion step each token reads from.
+
+``mixture_weights`` runs a trained SoftMoR model over test images and returns the router's
+token-wise softmax weights (``core.last_weights``); ``plot_mixture`` draws them over the patch grid.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Dict, Iterable
+
+import torch
+import torch.nn as nn
+
+
+@torch.no_grad()
+def mixture_weights(model: nn.Module, loader: Iterable, device: torch.device, images: int = 4) -> Dict[str, torch.Tensor]:
+    """``examples``: (images, units, N_patches, r) weights for the first images;
+    ``mean``: (units, r) mean weight per unit and step over the whole loader (tokens averaged)."""
+    if getattr(model.cfg, "core", None) != "softmor":
+        raise ValueError(f"mixture weights exist for SoftMoR models only; this run has a {model.cfg.core} core")
+    model.eval()
+    prefix = model.num_prefix_tokens
+    total, n, examples = None, 0, []
+    for x, _ in loader:
+        model(x.to(device))
+        w = torch.stack(model.core.last_weights, dim=1).cpu()  # (B, units, T, r)
+        s = w.mean(dim=2).sum(dim=0)  # (units, r), summed over the batch
+        total = s if total is None else total + s
+        n += w.shape[0]
+        if sum(e.shape[0] for e in examples) < images:
+            examples.append(w[:, :, prefix:])
+    ex = torch.cat(examples)[:images]
+    return {"examples": ex, "mean": total / n}
+
+
+def write_mean_csv(mean: torch.Tensor, path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["unit"] + [f"step_{i + 1}" for i in range(mean.shape[1])])
+        for u, row in enumerate(mean.tolist()):
+            w.writerow([u + 1] + [f"{v:.4f}" for v in row])
+
+
+def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tensor, path: Path, title: str = "") -> None:
+    """Rows: test images; columns: the image, then one panel per recursion step showing that step's
+    weight (averaged over units) on the patch grid; last row: mean weight per unit and step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    B, U, N, r = examples.shape
+    g = int(round(N ** 0.5))
+    per_step = examples.mean(dim=1).reshape(B, g, g, r)  # averaged over units
+    fig, axes = plt.subplots(B + 1, r + 1, figsize=(1.6 * (r + 1), 1.6 * (B + 1)), dpi=110, squeeze=False)
+    for b in range(B):
+        img = images[b]
+        axes[b, 0].imshow(img.permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray")
+        for i in range(r):
+            im = axes[b, i + 1].imshow(per_step[b, :, :, i].numpy(), vmin=0, vmax=1, cmap="viridis")
+            if b == 0:
+                axes[b, i + 1].set_title(f"step {i + 1}", fontsize=8)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    axes[0, 0].set_title("image", fontsize=8)
+    ax = axes[B, 0]
+    ax.set_visible(False)
+    big = fig.add_subplot(B + 1, 1, B + 1)
+    big.imshow(mean.T.numpy(), aspect="auto", vmin=0, vmax=1, cmap="viridis")
+    big.set_xlabel("unit (block)", fontsize=8)
+    big.set_ylabel("step", fontsize=8)
+    big.set_yticks(range(r), [str(i + 1) for i in range(r)], fontsize=7)
+    big.set_xticks(range(U), [str(u + 1) for u in range(U)], fontsize=7)
+    big.set_title("mean mixture weight over the test set", fontsize=8)
+    for ax in axes[B, 1:]:
+        ax.set_visible(False)
+    fig.colorbar(im, ax=axes[:B, 1:].ravel().tolist(), shrink=0.6)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.savefig(path)
+    plt.close(fig)

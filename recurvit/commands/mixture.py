@@ -1,0 +1,56 @@
+"""recurvit mixture RUN_DIR [--images N] [--out DIR] [--json]"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import print_json
+
+
+def add_parser(sub):
+    p = sub.add_parser("mixture", help="SoftMoR: picture of the token-wise mixture weights over recursion steps",
+                       description="Saves mixture.png (weights of each recursion step over the patch grid for a few "
+                                   "test images) and mixture_mean.csv (mean weight per unit and step over the test set).")
+    p.add_argument("run", type=Path, help="run directory of a SoftMoR (srvit_*) model")
+    p.add_argument("--images", type=int, default=4)
+    p.add_argument("--out", type=Path, help="output directory (default: the run directory)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def run(args) -> int:
+    from ..analysis.mixture import mixture_weights, plot_mixture, write_mean_csv
+    from ..errors import UserError
+    from ..train.checkpoint import load_model_and_config
+    from ..train.loop import build_loaders, pick_device
+
+    if args.images < 1:
+        raise UserError(f"--images must be >= 1, got {args.images}")
+    model, cfg = load_model_and_config(args.run)
+    device = pick_device(args.device)
+    model.to(device)
+    _, test_loader, info = build_loaders(cfg)
+    try:
+        res = mixture_weights(model, test_loader, device, images=args.images)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    out = args.out or (args.run if args.run.is_dir() else args.run.parent)
+    out.mkdir(parents=True, exist_ok=True)
+    n = res["examples"].shape[0]
+    imgs = next(iter(test_loader))[0][:n]
+    mean_t = res["mean"]
+    std = __import__("torch").tensor(info.std).view(-1, 1, 1)
+    mu = __import__("torch").tensor(info.mean).view(-1, 1, 1)
+    plot_mixture(res["examples"], (imgs * std + mu).clamp(0, 1), mean_t, out / "mixture.png",
+                 title=f"{cfg.model.name}: r={model.cfg.recursions}, layout={model.cfg.layout}")
+    write_mean_csv(mean_t, out / "mixture_mean.csv")
+    per_step = mean_t.mean(dim=0).tolist()
+    if args.json:
+        print_json({"run": str(args.run), "recursions": model.cfg.recursions, "layout": model.cfg.layout,
+                    "mean_weight_per_step": per_step, "mean_weight_per_unit_step": mean_t.tolist(),
+                    "png": str(out / "mixture.png"), "csv": str(out / "mixture_mean.csv")})
+    else:
+        print("mean weight per recursion step (over units and test tokens): "
+              + "  ".join(f"step {i + 1}: {w:.3f}" for i, w in enumerate(per_step)))
+        print(f"wrote {out / 'mixture.png'} and {out / 'mixture_mean.csv'}")
+    return 0
