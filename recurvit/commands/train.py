@@ -1,4 +1,9 @@
-"""recurvit train [CONFIG.yaml] [key=value ...] [--out DIR] | --resume RUN_DIR"""
+"""recurvit train [CONFIG.yaml] [key=value ...] [--out DIR] | --resume RUN_DIR  [--nproc N]
+
+Several processes: ``torchrun --nproc_per_node N -m recurvit train ...`` or, the same thing,
+``recurvit train --nproc N ...``. ``train.batch_size`` is then the global batch (divided among
+the processes); rank 0 writes the run directory and prints.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,6 +21,9 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, help="run directory (default runs/<data>-<model>-<time>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its last.pt")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train data-parallel in N processes (launches torchrun --standalone --nproc_per_node N); "
+                        "train.batch_size is the global batch")
     return p
 
 
@@ -28,6 +36,7 @@ def split_args(args):
 
 
 def run(args) -> int:
+    from ..train import distributed as dist_io
     from ..train.loop import default_run_dir, train
 
     config, overrides = split_args(args.args)
@@ -40,15 +49,42 @@ def run(args) -> int:
         cfg = load_config(out / "config.yaml", overrides)
     else:
         cfg = load_config(config or _default_config(), overrides)
-        out = args.out or default_run_dir(cfg)
-    log = (lambda *a, **k: None) if args.json else print
-    metrics = train(cfg, out, resume=args.resume is not None, log=log)
+        out = args.out
+    if args.nproc is not None and args.nproc > 1:
+        return _launch(args, cfg, out)
+    with dist_io.session(cfg.train.device) as env:
+        if out is None:
+            out = Path(env.broadcast(str(default_run_dir(cfg)) if env.is_main else None))
+        quiet = args.json or not env.is_main
+        log = (lambda *a, **k: None) if quiet else print
+        metrics = train(cfg, out, resume=args.resume is not None, log=log)
+        if not env.is_main:
+            return 0
     if args.json:
         print_json({"run_dir": str(out), **metrics})
     else:
         print(f"run {out}  test_acc {metrics.get('test_acc', float('nan')):.4f}  "
               f"train_seconds {metrics.get('train_seconds', 0):.1f}")
     return 0
+
+
+def _launch(args, cfg, out) -> int:
+    """``recurvit train --nproc N``: check what can be checked here, then torchrun this command."""
+    from ..train import distributed as dist_io
+    from ..train.loop import default_run_dir, prepare_run_dir
+
+    dist_io.per_rank_batch(cfg.train.batch_size, args.nproc)
+    dist_io.check_devices(cfg.train.device, args.nproc)
+    if args.resume is not None:
+        prepare_run_dir(args.resume, resume=True)
+        argv = ["train", "--resume", str(args.resume)]
+    else:
+        out = out or default_run_dir(cfg)  # fixed here, so every rank agrees on it
+        if out.exists() and any(out.iterdir()):
+            raise UserError(f"run directory {out} already exists and is not empty; choose another --out or pass --resume {out}")
+        argv = ["train", "--out", str(out)]
+    argv += list(args.args) + (["--json"] if args.json else [])
+    return dist_io.launch(args.nproc, argv)
 
 
 def _default_config():

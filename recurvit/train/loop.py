@@ -2,6 +2,12 @@
 
 The loop never knows which core it drives: it asks the model for logits at readout steps
 (``forward_steps(..., at=...)``) and weighs them with ``losses.supervised_loss``.
+
+Speed and scale (issue 6): under torchrun the same ``train`` runs data-parallel (DDP; see
+``distributed.py`` for the conventions: global batch, sample order, rank-0 I/O);
+``train.compile=true`` compiles each block (regional ``torch.compile``: no recompilation when the
+step count changes); ``train.activation_checkpointing=true`` recomputes every block application
+in backward; bf16 autocast is on by default on CUDA and AdamW is fused there.
 """
 from __future__ import annotations
 
@@ -11,16 +17,17 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import torch
 import torch.nn as nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 from tqdm.auto import tqdm
 
 from ..config import RunConfig, as_dict, save_config
 from ..errors import UserError
 from . import checkpoint as ckpt_io
+from . import distributed as dist_io
 from .losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
 from .optim import build_optimizer, build_scheduler
 
@@ -68,23 +75,43 @@ def resolve_model_config(cfg: RunConfig, info) -> RunConfig:
     return replace(cfg, model=m)
 
 
-def build_loaders(cfg: RunConfig, epoch_seed: int = 0) -> Tuple[DataLoader, DataLoader, object]:
+def build_loaders(cfg: RunConfig, epoch_seed: int = 0,
+                  env: dist_io.DistEnv = dist_io.SINGLE) -> Tuple[DataLoader, DataLoader, object]:
+    """Train / test loaders. With several processes (``env``) each rank loads its shard of every
+    global batch (``train.batch_size / world_size`` images) and of the test set."""
     from ..data import build_datasets
 
-    train_set, test_set, info = build_datasets(cfg.data)
+    train_set, test_set, info = env.main_first(lambda: build_datasets(cfg.data))  # rank 0 downloads first
     kw = dict(num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available(),
               persistent_workers=cfg.data.num_workers > 0)
-    train_loader = DataLoader(train_set, batch_size=cfg.train.batch_size, shuffle=True, drop_last=False,
-                              generator=torch.Generator().manual_seed(epoch_seed), **kw)
-    test_loader = DataLoader(test_set, batch_size=max(256, cfg.train.batch_size), shuffle=False, **kw)
+    if not env.enabled:
+        train_loader = DataLoader(train_set, batch_size=cfg.train.batch_size, shuffle=True, drop_last=False,
+                                  generator=torch.Generator().manual_seed(epoch_seed), **kw)
+        test_loader = DataLoader(test_set, batch_size=max(256, cfg.train.batch_size), shuffle=False, **kw)
+        return train_loader, test_loader, info
+    batch = dist_io.per_rank_batch(cfg.train.batch_size, env.world_size)
+    gen = torch.Generator().manual_seed(epoch_seed)  # the single process's: same permutation, same worker seeds
+    batches = dist_io.ShardedBatches(RandomSampler(train_set, generator=gen), cfg.train.batch_size,
+                                     env.rank, env.world_size)
+    train_loader = DataLoader(train_set, batch_sampler=batches, generator=gen, **kw)
+    test_loader = DataLoader(test_set, batch_size=max(256, batch), shuffle=False,
+                             sampler=dist_io.Shard(len(test_set), env.rank, env.world_size), **kw)
     return train_loader, test_loader, info
+
+
+def set_epoch(loader: DataLoader, seed: int) -> None:
+    """The shuffle of an epoch depends on ``seed`` only (and is the same with any number of processes)."""
+    loader.generator.manual_seed(seed)
 
 
 # ------------------------------------------------------------------------------ evaluation
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable, device: torch.device, steps: Optional[int] = None,
-             amp: str = "auto") -> Dict[str, float]:
-    """Test loss and accuracy at ``steps`` (default: the trained depth)."""
+             amp: str = "auto", env: Optional[dist_io.DistEnv] = None) -> Dict[str, float]:
+    """Test loss and accuracy at ``steps`` (default: the trained depth).
+
+    In a process group (``env``, default: the current one) each rank evaluates its loader's shard
+    and the sums are all-reduced, so every rank returns the figures of the whole test set."""
     model.eval()
     n, loss_sum, correct = 0, 0.0, 0
     for x, y in loader:
@@ -94,17 +121,38 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, steps: Op
         loss_sum += soft_cross_entropy(logits, y).item() * len(y)
         correct += (logits.argmax(-1) == y).sum().item()
         n += len(y)
+    env = dist_io.current() if env is None else env
+    if env.enabled:
+        loss_sum, correct, n = env.all_reduce_sum([loss_sum, correct, n], device)
+        correct, n = int(round(correct)), int(round(n))
     return {"loss": loss_sum / max(n, 1), "accuracy": correct / max(n, 1), "n": n}
 
 
 # -------------------------------------------------------------------------------- training
+class StepsForward(nn.Module):
+    """``forward(...)`` = ``model.forward_steps(...)``: what DDP wraps, so its forward (which
+    prepares the gradient all-reduce) is the one training calls."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, steps=None, at=None, grad_last=None):
+        return self.model.forward_steps(x, steps=steps, at=at, grad_last=grad_last)
+
+
 def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: DepthSampler,
-                    batch_transform=None, epoch: int = 0) -> Dict[str, float]:
+                    batch_transform=None, epoch: int = 0, forward: Optional[Callable] = None,
+                    env: dist_io.DistEnv = dist_io.SINGLE) -> Dict[str, float]:
+    """One pass over ``loader``. ``forward`` (default ``model.forward_steps``) is the DDP-wrapped
+    forward under several processes; the returned figures are then sums over all ranks."""
     model.train()
+    forward = model.forward_steps if forward is None else forward
     tc = cfg.train
     weights = stage_weights(tc.supervision.weights, tc.supervision.stages if tc.supervision.stages > 1 else 1)
     n, loss_sum, correct, t0 = 0, 0.0, 0, time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False, disable=not tc.progress, dynamic_ncols=True)
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False,
+               disable=not tc.progress or not env.is_main, dynamic_ncols=True)
     for x, y in bar:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         target = y
@@ -114,21 +162,33 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
         at = readout_steps(k, tc.supervision.stages)
         w = weights if len(at) == len(weights) else stage_weights(tc.supervision.weights, len(at))
         with autocast(device, tc.amp):
-            logits_at = model.forward_steps(x, steps=k, at=at, grad_last=tc.depth.truncate or None)
+            logits_at = forward(x, steps=k, at=at, grad_last=tc.depth.truncate or None)
         loss = supervised_loss(logits_at, target, w, tc.label_smoothing)
-        if not torch.isfinite(loss):
-            raise UserError(f"training diverged (loss={loss.item()}) at epoch {epoch + 1}; lower train.lr or raise train.grad_clip")
+        b = len(y)
+        hard = target.argmax(-1) if target.ndim == 2 else target
+        if env.enabled:  # global figures of this step; every rank sees the same (divergence stops all)
+            step_loss, step_correct, step_n = env.all_reduce_sum(
+                [loss.detach() * b, (logits_at[-1].argmax(-1) == hard).sum(), b], device)
+            step_loss /= max(step_n, 1)
+        else:
+            step_loss, step_correct, step_n = None, None, b
+        if not torch.isfinite(loss if step_loss is None else torch.tensor(step_loss)):
+            value = loss.item() if step_loss is None else step_loss
+            raise UserError(f"training diverged (loss={value}) at epoch {epoch + 1}; lower train.lr or raise train.grad_clip")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if tc.grad_clip > 0:
             nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         opt.step()
         sched.step()
-        b = len(y)
-        n += b
-        loss_sum += loss.item() * b
-        hard = target.argmax(-1) if target.ndim == 2 else target
-        correct += (logits_at[-1].argmax(-1) == hard).sum().item()
+        if step_loss is None:
+            n += b
+            loss_sum += loss.item() * b
+            correct += (logits_at[-1].argmax(-1) == hard).sum().item()
+        else:
+            n += int(round(step_n))
+            loss_sum += step_loss * step_n
+            correct += int(round(step_correct))
         bar.set_postfix(loss=f"{loss_sum / n:.3f}", acc=f"{correct / n:.3f}",
                         img_s=f"{n / (time.perf_counter() - t0):.0f}")
     secs = time.perf_counter() - t0
@@ -160,22 +220,40 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
 
     ``stop_after=k`` ends the run after epoch k as an interruption would (last.pt written), so a
     later ``resume=True`` continues it; used to test that resuming changes nothing.
+
+    Under torchrun (``WORLD_SIZE`` > 1) or inside an initialised process group every rank calls
+    this with the same arguments and the run is data-parallel (see ``distributed.py``); rank 0
+    alone writes ``out`` and logs, and every rank returns the same global metrics.
     """
-    out = Path(out)
-    prepare_run_dir(out, resume)
-    state = ckpt_io.load_checkpoint(out / "last.pt") if resume else None
+    with dist_io.session(cfg.train.device) as env:
+        return _train(cfg, Path(out), resume, log, stop_after, env)
+
+
+def _quiet(*args, **kwargs) -> None:
+    return None
+
+
+def _train(cfg: RunConfig, out: Path, resume: bool, log, stop_after: Optional[int],
+           env: dist_io.DistEnv) -> Dict[str, float]:
+    out = Path(env.broadcast(str(out)))  # rank 0's run directory (a default one carries a time stamp)
+    log = log if env.is_main else _quiet
+    env.on_main(lambda: prepare_run_dir(out, resume))
+    state = ckpt_io.load_checkpoint(out / "last.pt") if resume else None  # every rank resumes from it
     seed_everything(cfg.train.seed)
-    device = pick_device(cfg.train.device)
+    device = dist_io.rank_device(env, pick_device(cfg.train.device))
 
     from ..data import build_batch_transform
 
-    train_loader, test_loader, info = build_loaders(cfg)
+    train_loader, test_loader, info = build_loaders(cfg, env=env)
     cfg = resolve_model_config(cfg, info)
     model = ckpt_io.build_model_from_config(cfg).to(device)
     opt = build_optimizer(model, cfg.train, device)
     sched = build_scheduler(opt, cfg.train, len(train_loader))
+    # one depth per global batch: under several processes the draws come from a generator that
+    # every rank seeds alike (a single process keeps drawing from the global RNG, as it always has)
+    depth_gen = torch.Generator().manual_seed(cfg.train.seed) if env.enabled else None
     try:
-        depth = DepthSampler(cfg.train.depth, model.nominal_steps, cap=model.core.max_steps)
+        depth = DepthSampler(cfg.train.depth, model.nominal_steps, depth_gen, cap=model.core.max_steps)
         stage_weights(cfg.train.supervision.weights, 1)
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -189,44 +267,106 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         start_epoch, best_acc, elapsed = state["epoch"], state["best_acc"], state.get("train_seconds", 0.0)
-        ckpt_io.set_rng_state(state.get("rng"))
-        _truncate_metrics(out / "metrics.jsonl", start_epoch)
-    save_config(cfg, out / "config.yaml")
+        _restore_rng(state, env, cfg.train.seed, depth_gen)
+        if env.is_main:
+            _truncate_metrics(out / "metrics.jsonl", start_epoch)
+    elif env.enabled and env.rank > 0:
+        torch.manual_seed(dist_io.rank_seed(cfg.train.seed, env.rank))  # own dropout / augmentation draws
+    forward = _speed_and_scale(model, cfg, device, env)
+    if env.is_main:
+        save_config(cfg, out / "config.yaml")
     cfg_dict = as_dict(cfg)
 
     n_params = sum(p.numel() for p in model.parameters())
+    where = f"device {device}" if not env.enabled else f"{env.world_size} processes ({device.type}, DDP)"
     log(f"model {cfg.model.name} ({cfg.model.core or 'preset'} core, {n_params:,} params, steps={model.nominal_steps}) "
-        f"on {cfg.data.name} ({len(train_loader.dataset)} train / {len(test_loader.dataset)} test), device {device}")
+        f"on {cfg.data.name} ({len(train_loader.dataset)} train / {len(test_loader.dataset)} test), {where}")
     metrics: Dict[str, float] = {}
     for epoch in range(start_epoch, cfg.train.epochs):
-        train_loader.generator.manual_seed(cfg.train.seed * 100_003 + epoch)  # the shuffle depends on (seed, epoch) only
-        m = train_one_epoch(model, train_loader, opt, sched, device, cfg, depth, batch_transform, epoch)
+        set_epoch(train_loader, cfg.train.seed * 100_003 + epoch)  # the shuffle depends on (seed, epoch) only
+        m = train_one_epoch(model, train_loader, opt, sched, device, cfg, depth, batch_transform, epoch,
+                            forward=forward, env=env)
         elapsed += m["seconds"]
         metrics = {"epoch": epoch + 1, "lr": sched.get_last_lr()[0], **m}
         last = epoch + 1 == cfg.train.epochs
         if last or (epoch + 1) % cfg.train.eval_every == 0:
-            ev = evaluate(model, test_loader, device, amp=cfg.train.amp)
+            ev = evaluate(model, test_loader, device, amp=cfg.train.amp, env=env)
             metrics.update(test_loss=ev["loss"], test_acc=ev["accuracy"])
         metrics["train_seconds"] = elapsed
-        with open(out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "model": model.state_dict(), "epoch": epoch + 1}
+        rng = ckpt_io.rng_state()
+        extra = {}
+        if env.enabled:  # a collective: every rank takes part, rank 0 writes
+            extra = {"rng_ranks": env.gather(rng), "world_size": env.world_size, "depth_rng": depth_gen.get_state()}
         if "test_acc" in metrics and metrics["test_acc"] > best_acc:
             best_acc = metrics["test_acc"]
-            ckpt_io.save_atomic({**record, "test_acc": best_acc}, out / "best.pt")
-        ckpt_io.save_atomic({**record, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                             "best_acc": best_acc, "train_seconds": elapsed, "rng": ckpt_io.rng_state()},
-                            out / "last.pt")
+            best = True
+        else:
+            best = False
+        if env.is_main:
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(metrics) + "\n")
+            record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "model": model.state_dict(), "epoch": epoch + 1}
+            if best:
+                ckpt_io.save_atomic({**record, "test_acc": best_acc}, out / "best.pt")
+            ckpt_io.save_atomic({**record, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                                 "best_acc": best_acc, "train_seconds": elapsed, "rng": rng, **extra},
+                                out / "last.pt")
         if "test_acc" in metrics:
             log(f"epoch {epoch + 1:>3}/{cfg.train.epochs}  loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
                 f"test_acc {metrics['test_acc']:.4f}  {m['img_per_s']:.0f} img/s  {m['seconds']:.1f}s")
         if stop_after is not None and epoch + 1 >= stop_after and not last:
             log(f"stopped after epoch {epoch + 1}; continue with `recurvit train --resume {out}`")
+            env.barrier()  # last.pt is on disk before any rank returns
             return metrics
+    env.barrier()
     if not metrics:  # resumed a finished run
         lines = (out / "metrics.jsonl").read_text().splitlines()
         metrics = json.loads(lines[-1]) if lines else {}
     return metrics
+
+
+def _speed_and_scale(model: nn.Module, cfg: RunConfig, device: torch.device,
+                     env: dist_io.DistEnv) -> Optional[Callable]:
+    """Activation checkpointing, regional compilation and the DDP wrapper, as the config asks.
+
+    Returns the training forward (the DDP module under several processes, else None: the
+    model's own ``forward_steps``)."""
+    from ..models.cores import compile_available, compile_blocks, set_activation_checkpointing
+
+    tc = cfg.train
+    if tc.activation_checkpointing:
+        if getattr(getattr(model, "cfg", None), "adjoint", False):
+            raise UserError("train.activation_checkpointing=true with model.adjoint=true: the adjoint already "
+                            "keeps O(1) memory in the steps; set one of them to false")
+        set_activation_checkpointing(model, True)
+    if tc.compile:
+        reason = compile_available(device)
+        if reason:
+            raise UserError(f"train.compile=true: {reason}; or set train.compile=false")
+        compile_blocks(model)
+    if not env.enabled:
+        return None
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # parameters that may get no gradient in a step: stage heads not read out, blocks before a
+    # truncation, a depth that varies per batch
+    find_unused = (getattr(model, "stage_heads", None) is not None or tc.depth.truncate > 0
+                   or tc.depth.schedule != "fixed")
+    return DDP(StepsForward(model), device_ids=[device.index] if device.type == "cuda" else None,
+               find_unused_parameters=find_unused)
+
+
+def _restore_rng(state: dict, env: dist_io.DistEnv, seed: int, depth_gen: Optional[torch.Generator]) -> None:
+    """The RNG state of this rank at the checkpoint (each rank's own when the world size is unchanged)."""
+    ranks = state.get("rng_ranks")
+    if env.enabled and ranks is not None and len(ranks) == env.world_size:
+        ckpt_io.set_rng_state(ranks[env.rank])
+    else:
+        ckpt_io.set_rng_state(state.get("rng"))
+        if env.enabled and env.rank > 0:  # a new world size: fresh, distinct streams
+            torch.manual_seed(dist_io.rank_seed(seed + state["epoch"], env.rank))
+    if depth_gen is not None and state.get("depth_rng") is not None:
+        depth_gen.set_state(state["depth_rng"])
 
 
 def _truncate_metrics(path: Path, epochs: int) -> None:
