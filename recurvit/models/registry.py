@@ -70,3 +70,4 @@ def create_model(name: str, **overrides) -> nn.Module:
         raise UserError(f"cannot build '{name}': {e}") from None
     model.preset_name = name
     return model
+from . import loopvae as _loopvae  # noqa: E402,F401  (registers loopvae presets)

@@ -1,0 +1,276 @@
+"""recurvit vae train|eval|intervene|profile: the LoopVAE tokenizer (issue 7).
+
+    recurvit vae train [CONFIG.yaml] [key=value ...] [--out DIR] | --resume RUN_DIR [key=value ...]
+    recurvit vae eval RUN [--loops 2,2,3] [--lpips-weights F --vgg-weights F] [--inception-weights F] [--json]
+    recurvit vae intervene RUN [--truncate 1,2] [--extra 1,2,4] [--factors 0,0.5,0.9,1.1,2] [--json]
+    recurvit vae profile [CONFIG.yaml] [key=value ...] [--operators conv,transformer] [--out CSV] [--json]
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import UserError
+from . import print_json
+
+
+def _ints(text: str, what: str, minimum: int = 0):
+    try:
+        vals = [int(v) for v in str(text).split(",") if v.strip() != ""]
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated integers, got '{text}'") from None
+    if not vals or min(vals) < minimum:
+        raise UserError(f"{what} must be integers >= {minimum}, got '{text}'")
+    return vals
+
+
+def _floats(text: str, what: str):
+    try:
+        return [float(v) for v in str(text).split(",") if v.strip() != ""]
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated numbers, got '{text}'") from None
+
+
+def _loops(text, what):
+    """'3' -> 3 (every scale), '2,2,3' -> [2, 2, 3]."""
+    if text is None:
+        return None
+    vals = _ints(text, what)
+    return vals[0] if len(vals) == 1 else vals
+
+
+def add_parser(sub):
+    p = sub.add_parser("vae", help="LoopVAE tokenizer: train, eval, intervene, profile",
+                       description="LoopVAE: a VAE whose encoder and decoder each reuse one loop- and "
+                                   "scale-conditioned core. With no config: configs/vae/photos.yaml (crops of "
+                                   "scikit-learn's sample photographs).")
+    vs = p.add_subparsers(dest="vae_command", metavar="SUBCOMMAND", parser_class=type(p))
+
+    t = vs.add_parser("train", help="train a LoopVAE (default: the embedded photographs config)")
+    t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
+                   help="optional YAML config, then dotted overrides such as train.epochs=5 model.name=vae_unshared")
+    t.add_argument("--out", type=Path, help="run directory (default runs/<data>-<model>-<time>)")
+    t.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its last.pt")
+    t.add_argument("--json", action="store_true", help="print the final metrics as JSON")
+
+    e = vs.add_parser("eval", help="PSNR / SSIM (LPIPS / rFID with local weights) and a reconstruction grid")
+    e.add_argument("run", type=Path, help="VAE run directory or checkpoint")
+    _run_opts(e)
+    e.add_argument("--lpips-weights", help="LPIPS linear layers (the lpips package's weights/v0.1/vgg.pth)")
+    e.add_argument("--vgg-weights", help="torchvision VGG16 weights for LPIPS (vgg16-397923af.pth)")
+    e.add_argument("--inception-weights", help="torchvision Inception-v3 weights for rFID (inception_v3_google-0cc3c7bd.pth)")
+    e.add_argument("--lpips", action="store_true", help="compute LPIPS (needs --lpips-weights and --vgg-weights)")
+    e.add_argument("--rfid", action="store_true", help="compute rFID (needs --inception-weights)")
+    e.add_argument("--grid", type=Path, help="PNG of originals over reconstructions (default RUN/recon_grid.png)")
+    e.add_argument("--json", action="store_true")
+
+    i = vs.add_parser("intervene", help="loop interventions: fewer / extra loops, one loop's update scaled")
+    i.add_argument("run", type=Path, help="VAE run directory or checkpoint")
+    i.add_argument("--truncate", default="1,2", help="loops removed at every scale, one row each (default 1,2)")
+    i.add_argument("--extra", default="1,2,4", help="loops added at every scale, one row each (default 1,2,4)")
+    i.add_argument("--factors", default="0,0.5,0.9,1.1,2", help="factors on one loop's update (default 0,0.5,0.9,1.1,2)")
+    i.add_argument("--loop", type=int, help="which loop to scale (default: each scale's last trained loop)")
+    i.add_argument("--sides", default="encoder,decoder", help="sides whose loop updates are scaled")
+    i.add_argument("--out", type=Path, help="directory for intervene.csv / intervene.png (default: the run directory)")
+    _run_opts(i, loops=False)
+    i.add_argument("--json", action="store_true")
+
+    f = vs.add_parser("profile", help="stored params vs time per image and FLOPs: LoopVAE vs unshared reference")
+    f.add_argument("args", nargs="*", metavar="[CONFIG.yaml|RUN_DIR] [key=value ...]",
+                   help="a config (default: the embedded one) or a run directory, then model overrides")
+    f.add_argument("--operators", default="conv,transformer", help="operators to profile (default conv,transformer)")
+    f.add_argument("--no-matched", action="store_true",
+                   help="leave out the conventional unshared VAE with the LoopVAE's stored-parameter budget")
+    f.add_argument("--batch", type=int, default=16, help="images per timed batch (default 16)")
+    f.add_argument("--repeats", type=int, default=5, help="timed batches; the fastest is reported (default 5)")
+    f.add_argument("--device", default="cpu")
+    f.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    f.add_argument("--out", type=Path, default=Path("vae_profile.csv"), help="CSV file (default vae_profile.csv)")
+    f.add_argument("--json", action="store_true")
+    return p
+
+
+def _run_opts(p, loops: bool = True):
+    if loops:
+        p.add_argument("--loops", help="loops per scale for encoder and decoder: N or N1,N2,... (default: trained)")
+        p.add_argument("--enc-loops", help="encoder loops per scale (overrides --loops)")
+        p.add_argument("--dec-loops", help="decoder loops per scale (overrides --loops)")
+    p.add_argument("--data-root", help="override data.root (data moved since training)")
+    p.add_argument("--max-test", type=int, help="evaluate on at most this many test images")
+    p.add_argument("--device", default="auto")
+
+
+def run(args) -> int:
+    cmd = getattr(args, "vae_command", None)
+    if cmd is None:
+        raise UserError("give a subcommand: recurvit vae train|eval|intervene|profile (see recurvit vae -h)")
+    return {"train": _train, "eval": _eval, "intervene": _intervene, "profile": _profile}[cmd](args)
+
+
+def _split(items):
+    config = [a for a in items if "=" not in a]
+    overrides = [a for a in items if "=" in a]
+    if len(config) > 1:
+        raise UserError(f"expected at most one config file, got {', '.join(config)}")
+    return (config[0] if config else None), overrides
+
+
+def _train(args) -> int:
+    from ..train.loop import default_run_dir
+    from ..vae.config import default_config_path, load_vae_config
+    from ..vae.train import train_vae
+
+    config, overrides = _split(args.args)
+    if args.resume is not None:
+        if config is not None:
+            raise UserError("--resume reads the run's own config.yaml; give only key=value overrides with it")
+        out = args.resume
+        if not (out / "config.yaml").is_file():
+            raise UserError(f"cannot resume: {out / 'config.yaml'} not found (is {out} a run directory?)")
+        cfg = load_vae_config(out / "config.yaml", overrides)
+    else:
+        cfg = load_vae_config(config or default_config_path(), overrides)
+        out = args.out or default_run_dir(cfg)
+    log = (lambda *a, **k: None) if args.json else print
+    metrics = train_vae(cfg, out, resume=args.resume is not None, log=log)
+    if args.json:
+        print_json({"run_dir": str(out), **metrics})
+    else:
+        print(f"run {out}  test_psnr {metrics.get('test_psnr', float('nan')):.2f} dB  "
+              f"test_ssim {metrics.get('test_ssim', float('nan')):.4f}  "
+              f"mean-image baseline {metrics.get('baseline_psnr', float('nan')):.2f} dB  "
+              f"train_seconds {metrics.get('train_seconds', 0):.1f}")
+    return 0
+
+
+def _setup(args):
+    """(model on device, cfg, test set, test loader, device) of a run."""
+    from ..train.loop import pick_device
+    from ..vae.data import build_vae_datasets
+    from ..vae.evaluate import load_vae_run, make_test_loader
+
+    model, cfg, _ = load_vae_run(args.run)
+    if args.data_root:
+        cfg.data.root = args.data_root
+    if args.max_test is not None:
+        cfg.data.max_test = args.max_test
+    device = pick_device(args.device)
+    model.to(device)
+    train_set, test_set, _ = build_vae_datasets(cfg.data, cfg.train.seed)
+    return model, cfg, train_set, test_set, make_test_loader(test_set, 256), device
+
+
+def _eval(args) -> int:
+    from ..vae.data import mean_image
+    from ..vae.evaluate import evaluate_vae, mean_image_baseline, save_grid
+
+    model, cfg, train_set, test_set, loader, device = _setup(args)
+    run = {"loops": _loops(args.loops, "--loops"), "enc_loops": _loops(args.enc_loops, "--enc-loops"),
+           "dec_loops": _loops(args.dec_loops, "--dec-loops")}
+    try:
+        enc, dec = model.resolve_loops(**run)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    lpips = inception = None
+    if args.lpips or args.lpips_weights or args.vgg_weights:
+        from ..vae.metrics import LPIPS
+
+        lpips = LPIPS(args.vgg_weights, args.lpips_weights).to(device)
+    if args.rfid or args.inception_weights:
+        from ..vae.metrics import InceptionFeatures
+
+        inception = InceptionFeatures(args.inception_weights).to(device)
+    res = evaluate_vae(model, loader, device, cfg.train.amp, lpips=lpips, inception=inception,
+                       enc_loops=enc, dec_loops=dec)
+    base = mean_image_baseline(mean_image(train_set), loader)
+    grid_path = args.grid or (Path(args.run) if Path(args.run).is_dir() else Path(args.run).parent) / "recon_grid.png"
+    save_grid(model, test_set, grid_path, device, amp=cfg.train.amp, enc_loops=enc, dec_loops=dec)
+    out = {"run": str(args.run), "model": cfg.model.name, "operator": model.cfg.operator, "core": model.cfg.core,
+           "enc_loops": enc, "dec_loops": dec, "trained_loops": model.cfg.loops,
+           "block_applications": model.block_applications(enc_loops=enc, dec_loops=dec)["total"],
+           **{k: res[k] for k in ("psnr", "ssim", "l1", "kl", "out_of_range", "n")},
+           **({"lpips": res["lpips"]} if "lpips" in res else {}), **({"rfid": res["rfid"]} if "rfid" in res else {}),
+           "baseline_mean_image_psnr": base["psnr"], "baseline_mean_image_ssim": base["ssim"],
+           "baseline_test_mean_image_psnr": base["oracle_psnr"], "grid": str(grid_path)}
+    if args.json:
+        print_json(out)
+    else:
+        extra = "".join(f"  {k} {out[k]:.4f}" for k in ("lpips", "rfid") if k in out)
+        print(f"{out['model']} loops enc {enc} dec {dec}  PSNR {res['psnr']:.2f} dB  SSIM {res['ssim']:.4f}{extra}  "
+              f"out-of-range {100 * res['out_of_range']:.2f}%  (n={res['n']}; mean-image baseline "
+              f"{base['psnr']:.2f} dB / {base['ssim']:.4f})  grid {grid_path}")
+    return 0
+
+
+def _intervene(args) -> int:
+    from ..vae.interventions import intervention_specs, plot, run_interventions, write_csv
+
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    bad = [s for s in sides if s not in ("encoder", "decoder")]
+    if bad:
+        raise UserError(f"--sides takes encoder and/or decoder, got {', '.join(bad)}")
+    truncate = _ints(args.truncate, "--truncate", 1) if args.truncate else []
+    extra = _ints(args.extra, "--extra", 1) if args.extra else []
+    factors = _floats(args.factors, "--factors") if args.factors else []
+    model, cfg, _, _, loader, device = _setup(args)
+    specs = intervention_specs(model, truncate, extra, factors, args.loop, sides)
+    rows = run_interventions(model, loader, device, specs, cfg.train.amp, progress=not args.json)
+    out = args.out or (Path(args.run) if Path(args.run).is_dir() else Path(args.run).parent)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = write_csv(rows, out / "intervene.csv")
+    png_path = plot(rows, out / "intervene.png", title=f"{cfg.model.name}: loop interventions on {cfg.data.name}")
+    if args.json:
+        print_json({"run": str(args.run), "csv": str(csv_path), "plot": str(png_path), "rows": rows})
+    else:
+        print(f"{'kind':<13}{'side':<9}{'scale':>5}{'loop':>5}{'factor':>7}  {'enc':<8}{'dec':<8}{'apps':>5}"
+              f"{'PSNR':>8}{'dPSNR':>8}{'SSIM':>8}{'out%':>7}")
+        for r in rows:
+            fac = f"{r['factor']:.2f}" if r["factor"] != "" else ""
+            print(f"{r['kind']:<13}{r['side']:<9}{r['scale']!s:>5}{r['loop']!s:>5}{fac:>7}  {r['enc_loops']:<8}"
+                  f"{r['dec_loops']:<8}{r['block_applications']:>5}{r['psnr']:>8.2f}{r['delta_psnr']:>8.2f}"
+                  f"{r['ssim']:>8.4f}{100 * r['out_of_range']:>7.2f}")
+        print(f"wrote {csv_path} and {png_path}")
+    return 0
+
+
+def _profile(args) -> int:
+    import torch
+
+    from ..vae.config import apply_overrides, config_from_dict, default_config_path, load_vae_config
+    from ..vae.data import build_vae_datasets
+    from ..vae.profile import profile_models, write_csv
+    from ..vae.train import resolve_vae_config
+
+    target, overrides = _split(args.args)
+    if target is not None and Path(target).is_dir():
+        from ..train import checkpoint as ckpt_io
+
+        cfg = apply_overrides(config_from_dict(ckpt_io.load_checkpoint(ckpt_io.resolve_checkpoint(target))["config"]),
+                              overrides)
+    else:
+        cfg = load_vae_config(target or default_config_path(), overrides)
+    operators = [o.strip() for o in args.operators.split(",") if o.strip()]
+    bad = [o for o in operators if o not in ("conv", "transformer")]
+    if bad or not operators:
+        raise UserError(f"--operators takes conv and/or transformer, got '{args.operators}'")
+    if args.batch < 1 or args.repeats < 1:
+        raise UserError("--batch and --repeats must be >= 1")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    if cfg.model.img_size is None or cfg.model.in_chans is None:
+        _, _, info = build_vae_datasets(cfg.data, cfg.train.seed)
+        cfg = resolve_vae_config(cfg, info)
+    rows = profile_models(cfg, operators, matched=not args.no_matched, batch=args.batch, repeats=args.repeats, device=args.device)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    path = write_csv(rows, args.out)
+    if args.json:
+        print_json({"csv": str(path), "rows": rows})
+    else:
+        print(f"{'model':<22}{'stored params':>14}{'eff. params':>13}{'apps':>6}{'GFLOPs fwd':>12}{'GFLOPs train':>14}"
+              f"{'ms/img fwd':>12}{'ms/img train':>14}")
+        for r in rows:
+            print(f"{r['model']:<22}{r['params_stored']:>14,}{r['params_effective']:>13,}{r['block_applications']:>6}"
+                  f"{r['flops_forward'] / 1e9:>12.3f}{r['flops_train'] / 1e9:>14.3f}{r['ms_forward']:>12.2f}"
+                  f"{r['ms_train']:>14.2f}")
+        print(f"wrote {path} (batch {args.batch}, {rows[0]['threads']} threads, {rows[0]['device']})")
+    return 0
+

@@ -1,0 +1,175 @@
+"""Typed run configuration of `recurvit vae`: model / data / train dataclasses (OmegaConf structured
+configs, YAML file + dotted overrides, as `recurvit train` does with :mod:`recurvit.config`).
+
+    cfg = load_vae_config("recurvit/configs/vae/photos.yaml", ["train.epochs=2", "model.embed_dim=16"])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from ..errors import UserError
+
+
+@dataclass
+class VAEModelConfig:
+    """A LoopVAE preset (loopvae_conv | loopvae_transformer | vae_unshared | vae_unshared_transformer);
+    every field left None takes the preset's value (see recurvit.models.loopvae.LoopVAEConfig)."""
+
+    name: str = "loopvae_conv"
+    img_size: Optional[int] = None  # None: follow the data set
+    in_chans: Optional[int] = None  # None: follow the data set
+    operator: Optional[str] = None  # conv | transformer
+    core: Optional[str] = None  # shared (LoopVAE) | unshared (reference with the same execution graph)
+    embed_dim: Optional[int] = None  # width of every scale
+    depth: Optional[int] = None  # blocks in the core (4)
+    loops: Optional[List[int]] = None  # encoder loops per scale, finest first ([2, 2, 3]: 28 applications)
+    decoder_loops: Optional[List[int]] = None  # None: mirror the encoder
+    patch_size: Optional[int] = None  # stem patchify
+    z_channels: Optional[int] = None  # latent channels
+    latent: Optional[str] = None  # single | multi
+    num_heads: Optional[int] = None
+    mlp_ratio: Optional[float] = None
+    groups: Optional[int] = None
+    cond_dim: Optional[int] = None
+    mod_init: Optional[float] = None
+
+
+@dataclass
+class VAEDataConfig:
+    name: str = "photos"  # photos (scikit-learn's sample photographs) | digits | fashion_mnist | cifar10 | cifar100 | imagefolder | synthetic
+    root: Optional[str] = None  # data directory (cifar, fashion_mnist, imagefolder)
+    img_size: Optional[int] = None  # photos: crop size (None: 32); others: resize to this (None: native)
+    num_workers: int = 0  # DataLoader workers
+    hflip: Optional[bool] = None  # random horizontal flips for training (None: on for photos, data-set default otherwise)
+    photo_scale: float = 0.5  # photos: resize factor applied to the photographs before cropping
+    train_crops: int = 2048  # photos: random training crops drawn per epoch
+    test_fraction: float = 0.25  # photos: the right-most fraction of each photograph is held out for test
+    test_stride: int = 8  # photos: stride of the fixed grid of test crops in the held-out region
+    max_test: Optional[int] = None  # evaluate on at most this many test images (None: all)
+
+
+@dataclass
+class AdversarialConfig:
+    """Second training stage: a patch discriminator (hinge loss) switched on after `start_step` steps."""
+
+    start_step: int = -1  # global training step at which the adversarial stage starts; -1: never
+    weight: float = 0.1  # weight of the generator's adversarial term
+    channels: int = 32  # discriminator base width
+    layers: int = 2  # stride-2 conv layers (receptive field grows with each)
+    lr: float = 2.0e-4  # discriminator Adam learning rate
+    betas: List[float] = field(default_factory=lambda: [0.5, 0.9])
+
+
+@dataclass
+class VAETrainConfig:
+    epochs: int = 10
+    batch_size: int = 64
+    lr: float = 2.0e-3  # peak learning rate (AdamW, warmup + cosine)
+    min_lr: float = 1.0e-5
+    weight_decay: float = 0.0  # not applied to norms, biases, embeddings
+    warmup_epochs: float = 0.5
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.99])
+    grad_clip: float = 1.0  # max global grad norm; 0 disables
+    recon: str = "l1"  # l1 | l2 reconstruction loss (mean over pixels, images in [-1, 1])
+    kl_weight: float = 1.0e-4  # KL (nats summed over latent elements) is divided by the pixel values per image
+    perceptual_weight: float = 0.0  # > 0: LPIPS term; needs lpips_weights and vgg_weights as local files
+    lpips_weights: Optional[str] = None  # LPIPS linear layers (the lpips package's weights/v0.1/vgg.pth)
+    vgg_weights: Optional[str] = None  # torchvision VGG16 ImageNet weights (vgg16-397923af.pth)
+    adv: AdversarialConfig = field(default_factory=AdversarialConfig)
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    amp: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
+    threads: int = 0  # CPU threads for torch (0: torch's default)
+    eval_every: int = 1  # epochs between test evaluations
+    progress: bool = True  # tqdm bars
+
+
+@dataclass
+class VAERunConfig:
+    model: VAEModelConfig = field(default_factory=VAEModelConfig)
+    data: VAEDataConfig = field(default_factory=VAEDataConfig)
+    train: VAETrainConfig = field(default_factory=VAETrainConfig)
+
+
+def _fail(exc: Exception, where: str) -> UserError:
+    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return UserError(f"bad config ({where}): {msg}")
+
+
+def _to_object(cfg: Any) -> VAERunConfig:
+    try:
+        return OmegaConf.to_object(cfg)
+    except (OmegaConfBaseException, ValueError, TypeError) as e:
+        raise _fail(e, "values") from None
+
+
+def load_vae_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> VAERunConfig:
+    """Defaults <- YAML file <- dotted `key=value` overrides; returns a typed VAERunConfig."""
+    cfg = OmegaConf.structured(VAERunConfig)
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"config file not found: {p}")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.load(p))
+        except Exception as e:  # OmegaConf type/key errors and YAML syntax errors
+            raise _fail(e, str(p)) from None
+    for ov in overrides or []:
+        if "=" not in ov:
+            raise UserError(f"override '{ov}' is not of the form key=value (e.g. train.epochs=5)")
+    if overrides:
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        except Exception as e:
+            raise _fail(e, "overrides") from None
+    return _to_object(cfg)
+
+
+def apply_overrides(cfg: VAERunConfig, overrides: Optional[List[str]]) -> VAERunConfig:
+    """``cfg`` with dotted ``key=value`` overrides applied."""
+    if not overrides:
+        return cfg
+    for ov in overrides:
+        if "=" not in ov:
+            raise UserError(f"override '{ov}' is not of the form key=value (e.g. train.epochs=5)")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(list(overrides)))
+    except Exception as e:
+        raise _fail(e, "overrides") from None
+    return _to_object(merged)
+
+
+def config_from_dict(d: dict) -> VAERunConfig:
+    """A VAERunConfig from the plain dict stored in a checkpoint."""
+    try:
+        return _to_object(OmegaConf.merge(OmegaConf.structured(VAERunConfig), d))
+    except OmegaConfBaseException as e:
+        raise _fail(e, "checkpoint") from None
+
+
+def to_yaml(cfg: VAERunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_vae_config(cfg: VAERunConfig, path: str | Path) -> None:
+    Path(path).write_text(to_yaml(cfg))
+
+
+def as_dict(cfg: VAERunConfig) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
+def default_config_path() -> str:
+    """The embedded default: the packaged LoopVAE-on-photographs config."""
+    from importlib.resources import files
+
+    return str(files("recurvit") / "configs" / "vae" / "photos.yaml")
+
+
+__all__ = ["VAEModelConfig", "VAEDataConfig", "AdversarialConfig", "VAETrainConfig", "VAERunConfig",
+           "load_vae_config", "apply_overrides", "config_from_dict", "save_vae_config", "to_yaml", "as_dict", "default_config_path"]

@@ -1,0 +1,136 @@
+"""Evaluation of a VAE run: PSNR / SSIM (always), LPIPS / rFID (with local weight files), the
+mean-image baseline, and a grid of originals and reconstructions."""
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from ..errors import UserError
+from ..train import checkpoint as ckpt_io
+from ..train.loop import autocast
+from .config import VAERunConfig, config_from_dict
+from .metrics import out_of_range, psnr, ssim, to_unit
+
+TASK = "vae"  # checkpoint["task"] of runs written by `recurvit vae train`
+
+
+def build_vae_model(cfg: VAERunConfig) -> nn.Module:
+    """The LoopVAE preset ``cfg.model.name`` with the config's non-None fields as overrides."""
+    from ..models import create_model, model_config
+    from ..models.loopvae import LoopVAE, LoopVAEConfig
+
+    name = cfg.model.name
+    opts = {k: v for k, v in asdict(cfg.model).items() if k != "name" and v is not None}
+    base = model_config(name)  # UserError for unknown names
+    if not isinstance(base, LoopVAEConfig):
+        raise UserError(f"model.name={name} is not a VAE preset; choose loopvae_conv, loopvae_transformer, "
+                        f"vae_unshared or vae_unshared_transformer")
+    model = create_model(name, **opts)
+    assert isinstance(model, LoopVAE)
+    return model
+
+
+def load_vae_run(path: str | Path, map_location: Any = "cpu") -> Tuple[nn.Module, VAERunConfig, dict]:
+    """(model in eval mode with its weights, config, checkpoint) from a VAE run directory or checkpoint."""
+    p = ckpt_io.resolve_checkpoint(path)
+    ckpt = ckpt_io.load_checkpoint(p, map_location)
+    if ckpt.get("task") != TASK:
+        raise UserError(f"{p} is not a VAE checkpoint (written by `recurvit train`?); use `recurvit eval` for it")
+    cfg = config_from_dict(ckpt["config"])
+    model = build_vae_model(cfg)
+    ckpt_io.load_state(model, ckpt["model"], p)
+    model.eval()
+    return model, cfg, ckpt
+
+
+def make_test_loader(dataset: Dataset, batch_size: int = 256, num_workers: int = 0) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+
+
+@torch.no_grad()
+def evaluate_vae(model: nn.Module, loader: Iterable, device: torch.device, amp: str = "auto",
+                 lpips: Optional[nn.Module] = None, inception: Optional[nn.Module] = None,
+                 **run: Any) -> Dict[str, float]:
+    """Mean per-image PSNR (dB) and SSIM of the reconstructions (posterior mean), the L1 error in
+    [-1, 1] units, KL (nats per image), the fraction of output values outside [-1, 1] (before
+    clamping; PSNR / SSIM use the clamped image), and LPIPS / rFID when their networks are given.
+    ``run`` goes to ``model.reconstruct`` (loops, enc_loops, dec_loops, update_scale)."""
+    model.eval()
+    tot = {"psnr": 0.0, "ssim": 0.0, "l1": 0.0, "kl": 0.0, "out_of_range": 0.0, "lpips": 0.0}
+    feats_real, feats_fake = [], []
+    n = 0
+    for x in loader:
+        x = x.to(device, non_blocking=True)
+        with autocast(device, amp):
+            xr, posts = model.reconstruct(x, sample=False, **run)
+        xr = xr.float()
+        a, b = to_unit(x), to_unit(xr).clamp(0.0, 1.0)
+        tot["psnr"] += psnr(b, a).sum().item()
+        tot["ssim"] += ssim(b, a).sum().item()
+        tot["l1"] += (xr - x).abs().flatten(1).mean(1).sum().item()
+        tot["kl"] += sum(q.kl() for q in posts).float().sum().item()
+        tot["out_of_range"] += out_of_range(xr).sum().item()
+        if lpips is not None:
+            tot["lpips"] += lpips(b * 2 - 1, x).sum().item()
+        if inception is not None:
+            feats_real.append(inception(a).double().cpu())
+            feats_fake.append(inception(b).double().cpu())
+        n += len(x)
+    if n == 0:
+        raise UserError("the test set is empty")
+    out = {k: v / n for k, v in tot.items() if k != "lpips" or lpips is not None}
+    if inception is not None:
+        from .metrics import frechet_distance
+
+        if n < 2:
+            raise UserError("rFID needs at least 2 test images")
+        out["rfid"] = frechet_distance(torch.cat(feats_real).numpy(), torch.cat(feats_fake).numpy())
+    out["n"] = n
+    return out
+
+
+@torch.no_grad()
+def mean_image_baseline(mean: torch.Tensor, loader: Iterable) -> Dict[str, float]:
+    """PSNR / SSIM of predicting one constant image for every test image: ``psnr`` / ``ssim`` for
+    ``mean`` (the training set's mean image: the baseline), ``oracle_psnr`` for the test set's own
+    mean image (the best any constant image can do on this test set)."""
+    xs = torch.cat([x.float().cpu() for x in loader])
+    a = to_unit(xs)
+
+    def score(img):
+        b = to_unit(img).clamp(0, 1)[None].expand_as(a)
+        return psnr(b, a).mean().item(), ssim(b, a).mean().item()
+
+    p, s = score(mean)
+    po, _ = score(xs.mean(0))
+    return {"psnr": p, "ssim": s, "oracle_psnr": po}
+
+
+@torch.no_grad()
+def save_grid(model: nn.Module, dataset: Dataset, path: str | Path, device: torch.device, n: int = 16,
+              amp: str = "auto", **run: Any) -> Path:
+    """PNG: ``n`` test images evenly spaced over the test set (top row) over their reconstructions
+    (bottom row)."""
+    from torchvision.utils import save_image
+
+    n = min(n, len(dataset))
+    idx = torch.linspace(0, len(dataset) - 1, n).round().long().tolist()
+    x = torch.stack([dataset[i] for i in idx]).to(device)
+    model.eval()
+    with autocast(device, amp):
+        xr = model(x, sample=False, **run)
+    imgs = torch.cat([to_unit(x), to_unit(xr.float()).clamp(0, 1)]).cpu()
+    if imgs.shape[-1] < 64:  # blow small images up (nearest) so the grid is legible
+        imgs = F.interpolate(imgs, scale_factor=max(1, 64 // imgs.shape[-1]), mode="nearest")
+    path = Path(path)
+    save_image(imgs, path, nrow=n, padding=2, pad_value=1.0)
+    return path
+
+
+__all__ = ["TASK", "build_vae_model", "load_vae_run", "evaluate_vae", "mean_image_baseline", "save_grid", "make_test_loader"]
