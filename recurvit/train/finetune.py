@@ -1,0 +1,324 @@
+"""Fine-tune a trained run on another data set: full, head, lora, step_lora (and scratch, the baseline).
+
+    finetune(src_run, "digits", method="lora", rank=4, overrides=["train.epochs=10"], out=Path(...))
+
+The pretrained model keeps its input shape (img_size, in_chans): the target data are resized to the
+model's img_size (``data.img_size`` defaults to it); a channel mismatch is a UserError. The head
+(and any deep-supervision stage heads) is replaced by a fresh one for the target's classes.
+
+Methods (trainable parameters):
+- ``full``: everything.
+- ``head``: the new classifier only (linear probe).
+- ``lora``: rank-r adapters (layers/lora.py) on qkv, proj, fc1, fc2 of every block (bViT: the ONE
+  shared block) + the new head. B starts at zero: training starts from the pretrained function.
+- ``step_lora``: as ``lora`` but a separate adapter per step on the shared block (recurrent core, or
+  an ODE core with a fixed-step method: one adapter per grid interval). Step-dependent computation
+  for T x the lora adapter cost. Beyond the trained steps the last adapter is reused.
+- ``scratch``: the same model config re-initialised, everything trained (the baseline a transfer is
+  compared with at the same budget).
+
+The run directory is like ``recurvit train``'s: config.yaml (the model config with the target's
+num_classes, the target data and the train settings used), metrics.jsonl (one line per epoch),
+best.pt / last.pt written atomically, and finetune.json (method, source, trainable / total params,
+accuracy, seconds).
+
+Checkpoints and loading:
+- full / head / scratch / lora: ``best.pt`` holds plain weights (lora: merged, W + (alpha/r) B A,
+  the original state_dict keys), so ``recurvit eval|horizon|analyze RUN_DIR`` load it as any run.
+  ``last.pt`` holds the training state (lora: unmerged adapters + an ``adapter`` entry).
+- step_lora: T adapters cannot be merged into ONE shared weight. ``best.pt`` holds the compact
+  model (shared block + adapters) and an ``adapter`` entry {method, rank, alpha, num_adapters,
+  targets, calls_per_step}; load it with ``load_run(RUN_DIR)`` (``recurvit analyze`` does). When the
+  model is a plain recurrent bViT (no step conditioning, no re-injection), ``unrolled.pt`` also
+  holds the equivalent stack ViT with T merged block copies (same logits, T x block params), which
+  ``recurvit eval RUN_DIR/unrolled.pt`` loads today. (For ``recurvit eval RUN_DIR`` to read the
+  compact form, ``checkpoint.load_model_and_config`` would call ``attach_adapters(model,
+  ckpt["adapter"])`` before ``load_state`` when the entry is present.)
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..config import DataConfig, RunConfig, as_dict, save_config, to_object
+from ..errors import UserError
+from ..layers.lora import (LORA_TARGETS, StepSelector, add_lora, attach_step_selector, lora_layers,
+                           merge_lora)
+from . import checkpoint as ckpt_io
+
+METHODS = ("full", "head", "lora", "step_lora", "scratch")
+
+
+# ----------------------------------------------------------------------------------- adapters
+def adapter_spec(model: nn.Module, method: str, rank: int, alpha: Optional[float] = None,
+                 targets=LORA_TARGETS) -> Dict[str, Any]:
+    """What ``attach_adapters`` needs to rebuild a model's adapters (stored in checkpoints)."""
+    alpha = float(rank if alpha is None else alpha)
+    spec = {"method": method, "rank": int(rank), "alpha": alpha, "targets": list(targets),
+            "num_adapters": 1, "calls_per_step": 1}
+    if method == "step_lora":
+        spec["num_adapters"] = int(model.nominal_steps)
+        spec["calls_per_step"] = step_lora_calls_per_step(model)
+    return spec
+
+
+def step_lora_calls_per_step(model: nn.Module) -> int:
+    """Shared-block calls per step, or a UserError when per-step adapters are not defined."""
+    core = model.core
+    if core.kind == "recurrent":
+        return 1
+    if core.kind == "ode":
+        from ..models.ode import solver_stages
+
+        s = solver_stages(core.method)
+        if s is None:
+            raise UserError(f"step_lora on an ODE model needs a fixed-step one-step method (euler, midpoint, heun3, "
+                            f"rk4, ...) to know the step of each call; this model uses '{core.method}'")
+        return s
+    raise UserError(f"step_lora needs ONE shared block (recurrent or ode core); this model has a {core.kind} core "
+                    "with a block per layer: use --method lora, which already adapts every layer separately")
+
+
+def attach_adapters(model: nn.Module, spec: Dict[str, Any]) -> StepSelector:
+    """Add LoRA adapters to ``model`` as described by ``spec`` (in place), zero-initialised B."""
+    n = int(spec.get("num_adapters", 1))
+    selector = StepSelector(n, int(spec.get("calls_per_step", 1)))
+    blocks = [model.blocks[0]] if n > 1 else list(model.blocks)
+    add_lora(blocks, int(spec["rank"]), spec.get("alpha"), n, spec.get("targets", LORA_TARGETS), selector)
+    if n > 1:
+        attach_step_selector(model, selector)
+    model.adapter_spec = dict(spec)
+    return selector
+
+
+def unroll_step_lora(model: nn.Module, cfg: RunConfig) -> Optional[Tuple[nn.Module, RunConfig]]:
+    """A step_lora bViT as the equivalent stack ViT: block k = shared block with adapter k merged.
+
+    Only for a plain recurrent core (no step conditioning, no re-injection): there
+    z_{k+1} = F_k(z_k) is exactly a stack of T different blocks. Returns None otherwise."""
+    c = model.cfg
+    if c.core != "recurrent" or c.step_cond != "none" or c.reinject:
+        return None
+    T = model.nominal_steps
+    m_cfg = replace(cfg.model, core="stack", depth=T, steps=T)
+    stack_cfg = replace(cfg, model=m_cfg)
+    stack = ckpt_io.build_model_from_config(stack_cfg)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("blocks.")}
+    for k in range(T):
+        block = copy.deepcopy(model.blocks[0])
+        merge_lora(block, index=k)
+        state.update({f"blocks.{k}.{name}": v for name, v in block.state_dict().items()})
+    stack.load_state_dict(state, strict=True)
+    return stack.eval(), stack_cfg
+
+
+def plain_state(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """state_dict with single adapters merged (lora), else the model's own (no-op for full/head)."""
+    layers = lora_layers(model)
+    if not layers or any(m.num_adapters > 1 for m in layers):
+        return model.state_dict()
+    merged = merge_lora(copy.deepcopy(model))
+    return merged.state_dict()
+
+
+# ------------------------------------------------------------------------------------ loading
+def load_run(path, map_location: Any = "cpu") -> Tuple[nn.Module, RunConfig]:
+    """Model (eval mode) and config from any run directory or checkpoint, adapters included."""
+    p = ckpt_io.resolve_checkpoint(path)
+    ckpt = ckpt_io.load_checkpoint(p, map_location)
+    cfg = ckpt_io.config_from_checkpoint(ckpt)
+    model = ckpt_io.build_model_from_config(cfg)
+    if ckpt.get("adapter"):
+        attach_adapters(model, ckpt["adapter"])
+    ckpt_io.load_state(model, ckpt["model"], p)
+    model.eval()
+    return model, cfg
+
+
+# ------------------------------------------------------------------------------- model surgery
+def new_heads(model: nn.Module, num_classes: int) -> None:
+    """Fresh classifier(s) for ``num_classes`` (trunc-normal 0.02, zero bias, as the model's init)."""
+    def fresh(old: nn.Linear) -> nn.Linear:
+        lin = nn.Linear(old.in_features, num_classes, device=old.weight.device, dtype=old.weight.dtype)
+        nn.init.trunc_normal_(lin.weight, std=0.02)
+        nn.init.zeros_(lin.bias)
+        return lin
+
+    model.head = fresh(model.head)
+    if model.stage_heads is not None:
+        model.stage_heads = nn.ModuleList([fresh(h) for h in model.stage_heads])
+    model.num_classes = num_classes
+    model.cfg.num_classes = num_classes
+
+
+def head_parameters(model: nn.Module) -> List[nn.Parameter]:
+    ps = list(model.head.parameters())
+    if model.stage_heads is not None:
+        ps += list(model.stage_heads.parameters())
+    return ps
+
+
+def prepare(model: nn.Module, method: str, rank: int = 4, alpha: Optional[float] = None) -> Optional[dict]:
+    """Freeze / add adapters for ``method`` (in place) on a model whose heads are already new.
+    Returns the adapter spec (None for full / head / scratch)."""
+    if method not in METHODS:
+        raise UserError(f"--method must be one of {', '.join(METHODS)}, got '{method}'")
+    if method in ("full", "scratch"):
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return None
+    for p in model.parameters():
+        p.requires_grad_(False)
+    spec = None
+    if method in ("lora", "step_lora"):
+        if rank < 1:
+            raise UserError(f"--rank must be >= 1, got {rank}")
+        spec = adapter_spec(model, method, rank, alpha)
+        attach_adapters(model, spec)  # new adapter parameters are trainable
+    for p in head_parameters(model):
+        p.requires_grad_(True)
+    return spec
+
+
+def count_params(model: nn.Module) -> Dict[str, int]:
+    return {"trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "total_params": sum(p.numel() for p in model.parameters())}
+
+
+# ------------------------------------------------------------------------------------ config
+def target_config(src_cfg: RunConfig, data: str, overrides: List[str]) -> RunConfig:
+    """The source run's config with the target data set (its defaults) and ``key=value`` overrides."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    for ov in overrides:
+        if "=" not in ov:
+            raise UserError(f"override '{ov}' is not of the form key=value (e.g. train.epochs=5)")
+    model_keys = sorted({ov.split("=")[0] for ov in overrides if ov.startswith("model.")})
+    if model_keys:
+        raise UserError(f"fine-tuning keeps the pretrained model; drop {', '.join(model_keys)} "
+                        "(only data.* and train.* may change)")
+    base = as_dict(src_cfg)
+    base["data"] = as_dict(DataConfig(name=data))
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), base, OmegaConf.from_dotlist(list(overrides)))
+    except (OmegaConfBaseException, ValueError, TypeError) as e:
+        raise UserError(f"bad config (overrides): {str(e).splitlines()[0]}") from None
+    return to_object(cfg)
+
+
+# ----------------------------------------------------------------------------------- training
+def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optional[float] = None,
+             overrides: Optional[List[str]] = None, out: Optional[Path] = None, log=print) -> Dict[str, Any]:
+    """Fine-tune run ``src`` on data set ``data`` with ``method`` into run directory ``out``."""
+    from ..data import build_batch_transform
+    from .losses import DepthSampler, stage_weights
+    from .loop import (build_loaders, evaluate, pick_device, prepare_run_dir, seed_everything,
+                       train_one_epoch)
+    from .optim import build_optimizer, build_scheduler
+
+    if method not in METHODS:
+        raise UserError(f"--method must be one of {', '.join(METHODS)}, got '{method}'")
+    src_path = ckpt_io.resolve_checkpoint(src)
+    src_ckpt = ckpt_io.load_checkpoint(src_path)
+    if src_ckpt.get("adapter"):
+        raise UserError(f"{src_path} is a step_lora run (adapters that cannot be merged); fine-tune its source "
+                        "run, or its unrolled.pt")
+    model, src_cfg = load_run(src_path)
+    cfg = target_config(src_cfg, data, list(overrides or []))
+    mc = model.cfg
+    if cfg.data.img_size is None:
+        cfg.data.img_size = mc.img_size  # resize the target to the pretrained input size
+    out = Path(out) if out is not None else _default_out(src_path, data, method)
+    seed_everything(cfg.train.seed)
+    device = pick_device(cfg.train.device)
+    train_loader, test_loader, info = build_loaders(cfg)
+    if info.in_chans != mc.in_chans:
+        raise UserError(f"{data} has {info.in_chans}-channel images but the pretrained model takes {mc.in_chans}; "
+                        "fine-tune on data with the same channels")
+    if info.img_size != mc.img_size:
+        raise UserError(f"data.img_size={info.img_size} but the pretrained model takes {mc.img_size}x{mc.img_size} "
+                        f"images; drop data.img_size (the target is then resized to {mc.img_size})")
+    if method == "scratch":  # the same architecture, re-initialised (seeded as a `recurvit train` run)
+        seed_everything(cfg.train.seed)
+        model = ckpt_io.build_model_from_config(replace(cfg, model=replace(cfg.model, num_classes=info.num_classes)))
+    new_heads(model, info.num_classes)
+    cfg = replace(cfg, model=replace(cfg.model, num_classes=info.num_classes))
+    spec = prepare(model, method, rank, alpha)
+    prepare_run_dir(out, resume=False)  # only once everything the user chose is known to work
+    model.to(device)
+    counts = count_params(model)
+    try:
+        depth = DepthSampler(cfg.train.depth, model.nominal_steps, cap=model.core.max_steps)
+        stage_weights(cfg.train.supervision.weights, 1)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    opt = build_optimizer(model, cfg.train, device)
+    sched = build_scheduler(opt, cfg.train, len(train_loader))
+    batch_transform = build_batch_transform(cfg.data, info.num_classes)
+    save_config(cfg, out / "config.yaml")
+    cfg_dict = as_dict(cfg)
+    info_rec = {"method": method, "source": str(src_path), "data": data, "rank": rank if spec else None,
+                **counts, "trainable_fraction": counts["trainable_params"] / counts["total_params"]}
+    log(f"finetune {method}: {cfg.model.name} ({model.cfg.core} core, steps={model.nominal_steps}) from {src_path} "
+        f"on {data} ({len(train_loader.dataset)} train / {len(test_loader.dataset)} test, {info.img_size}px); "
+        f"trainable params {counts['trainable_params']:,} of {counts['total_params']:,}")
+
+    best_acc, elapsed, cpu, metrics = -1.0, 0.0, 0.0, {}
+    for epoch in range(cfg.train.epochs):
+        train_loader.generator.manual_seed(cfg.train.seed * 100_003 + epoch)
+        c0 = time.process_time()
+        m = train_one_epoch(model, train_loader, opt, sched, device, cfg, depth, batch_transform, epoch)
+        cpu += time.process_time() - c0  # CPU time of this process: robust to other jobs on a shared machine
+        elapsed += m["seconds"]
+        metrics = {"epoch": epoch + 1, "lr": sched.get_last_lr()[0], **m}
+        last = epoch + 1 == cfg.train.epochs
+        if last or (epoch + 1) % cfg.train.eval_every == 0:
+            ev = evaluate(model, test_loader, device, amp=cfg.train.amp)
+            metrics.update(test_loss=ev["loss"], test_acc=ev["accuracy"])
+        metrics.update(train_seconds=elapsed, train_cpu_seconds=cpu, trainable_params=counts["trainable_params"])
+        with open(out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "epoch": epoch + 1, "finetune": info_rec}
+        if "test_acc" in metrics and metrics["test_acc"] > best_acc:
+            best_acc = metrics["test_acc"]
+            if method == "step_lora":
+                best = {**record, "model": model.state_dict(), "adapter": spec}
+                unrolled = unroll_step_lora(model, cfg)
+                if unrolled is not None:
+                    u_model, u_cfg = unrolled
+                    ckpt_io.save_atomic({**record, "config": as_dict(u_cfg), "model": u_model.state_dict(),
+                                         "test_acc": best_acc}, out / "unrolled.pt")
+            else:
+                best = {**record, "model": plain_state(model)}
+            ckpt_io.save_atomic({**best, "test_acc": best_acc}, out / "best.pt")
+        last_rec = {**record, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(), "best_acc": best_acc, "train_seconds": elapsed,
+                    "rng": ckpt_io.rng_state()}
+        if spec is not None:
+            last_rec["adapter"] = spec
+        ckpt_io.save_atomic(last_rec, out / "last.pt")
+        if "test_acc" in metrics:
+            log(f"epoch {epoch + 1:>3}/{cfg.train.epochs}  loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
+                f"test_acc {metrics['test_acc']:.4f}  {m['seconds']:.1f}s")
+    summary = {**info_rec, "run_dir": str(out), "epochs": cfg.train.epochs, "lr": cfg.train.lr,
+               "test_acc": metrics.get("test_acc"), "best_acc": best_acc, "train_seconds": elapsed,
+               "train_cpu_seconds": cpu}
+    (out / "finetune.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _default_out(src: Path, data: str, method: str) -> Path:
+    run = src.parent if src.is_file() else src
+    base = run.parent / f"{run.name}-ft-{data}-{method}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out, i = base, 1
+    while out.exists():
+        out, i = Path(f"{base}-{i}"), i + 1
+    return out

@@ -1,0 +1,187 @@
+"""LoRA / step-LoRA adapters and `recurvit finetune`: zero-init identity, gradients, merging, step selection."""
+import copy
+import json
+
+import pytest
+import torch
+
+from conftest import TINY
+from recurvit import create_model
+from recurvit.cli import main
+from recurvit.config import ModelConfig, RunConfig
+from recurvit.errors import UserError
+from recurvit.layers.lora import LoRALinear, add_lora, lora_layers, lora_parameters, merge_lora
+from recurvit.train.finetune import load_run, prepare, unroll_step_lora
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny ops: threads only add contention on a shared machine
+    yield
+    torch.set_num_threads(n)
+
+
+def _bvit(**kw):
+    return create_model("bvit_tiny", **{**TINY, "steps": 3, **kw}).eval()
+
+
+def _randomize(model, std=0.05):
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in lora_parameters(model):
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+@pytest.mark.parametrize("method", ["lora", "step_lora"])
+def test_zero_init_is_identity_and_only_adapters_get_gradients(method):
+    m = _bvit()
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        ref = m.forward_steps(x)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    add_lora(m.blocks, rank=2, num_adapters=3 if method == "step_lora" else 1)
+    assert {type(m.blocks[0].attn.qkv), type(m.blocks[0].mlp.fc2)} == {LoRALinear}
+    assert torch.equal(m.forward_steps(x), ref)  # B = 0: the pretrained function, bit for bit
+    m.train()
+    m(x).square().mean().backward()
+    adapters = {id(p) for p in lora_parameters(m)}
+    for name, p in m.named_parameters():
+        if id(p) in adapters:
+            assert p.requires_grad and p.grad is not None, name
+        else:
+            assert p.grad is None and not p.requires_grad, name
+    assert all(layer.lora_B.grad.abs().sum() > 0 for layer in lora_layers(m))  # B learns first (A's grad is B^T...)
+
+
+def test_prepare_trains_exactly_adapters_and_head():
+    m = _bvit()
+    prepare(m, "lora", rank=2)
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert trainable == {"head.weight", "head.bias"} | {f"blocks.0.{t}.lora_{ab}" for t in
+                                                        ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2") for ab in "AB"}
+    D, hid, r = TINY["embed_dim"], 4 * TINY["embed_dim"], 2
+    adapter = r * ((D + 3 * D) + (D + D) + (D + hid) + (hid + D))
+    assert sum(p.numel() for p in lora_parameters(m)) == adapter
+    s = _bvit()
+    prepare(s, "step_lora", rank=2)
+    assert sum(p.numel() for p in lora_parameters(s)) == 3 * adapter  # one adapter per step
+    h = _bvit()
+    prepare(h, "head")
+    assert {n for n, p in h.named_parameters() if p.requires_grad} == {"head.weight", "head.bias"}
+
+
+@pytest.mark.parametrize("name,kw", [("bvit_tiny", dict(steps=3)), ("vit_tiny", dict(depth=2)),
+                                     ("bvit_tiny", dict(steps=2, core="ode", method="rk4"))])
+def test_merged_adapters_give_the_same_logits(name, kw):
+    m = create_model(name, **TINY, **kw).eval()
+    keys = set(m.state_dict())
+    add_lora(m.blocks, rank=3)
+    _randomize(m)
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        ref = m.forward_steps(x)
+        merged = merge_lora(copy.deepcopy(m))
+        got = merged.forward_steps(x)
+    assert not lora_layers(merged) and set(merged.state_dict()) == keys  # plain model, original keys
+    assert torch.allclose(got, ref, atol=1e-5)
+    base = create_model(name, **TINY, **kw)
+    base.load_state_dict(merged.state_dict())  # loadable as the plain architecture
+
+
+def test_step_lora_uses_adapter_k_at_step_k_and_unrolls():
+    m = _bvit()
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        ref = m.forward_steps(x, steps=5)
+    prepare(m, "step_lora", rank=2)
+    m.eval()
+    with torch.no_grad():
+        for layer in lora_layers(m):
+            layer.lora_B[1].normal_(0, 0.1)  # only the adapter of step 2
+        got = m.forward_steps(x, steps=5)
+    assert torch.equal(got[0], ref[0])  # step 1 untouched
+    assert not torch.allclose(got[1], ref[1])  # step 2 adapted
+    with torch.no_grad():
+        for layer in lora_layers(m):
+            layer.lora_B.zero_()
+            layer.lora_B[2].normal_(0, 0.1)  # the last adapter: steps >= 3, reused past the horizon
+        got = m.forward_steps(x, steps=5)
+    assert torch.equal(got[:2], ref[:2]) and not torch.allclose(got[2:], ref[2:])
+    with pytest.raises(ValueError, match="cannot hold"):
+        merge_lora(copy.deepcopy(m))
+    _randomize(m)
+    cfg = RunConfig(model=ModelConfig(name="bvit_tiny", steps=3, **TINY))
+    stack, stack_cfg = unroll_step_lora(m, cfg)
+    assert stack.cfg.core == "stack" and stack.cfg.depth == 3 and stack_cfg.model.core == "stack"
+    with torch.no_grad():
+        assert torch.allclose(stack.forward_steps(x), m.forward_steps(x), atol=1e-5)
+
+
+def test_step_lora_on_ode_selects_by_interval():
+    m = _bvit(core="ode", method="rk4")
+    prepare(m, "step_lora", rank=1)
+    seen = []
+    layer = m.blocks[0].attn.qkv
+    h = layer.register_forward_pre_hook(lambda mod, args: seen.append(mod.selector.index))
+    with torch.no_grad():
+        m(torch.randn(2, 3, 16, 16))
+        m(torch.randn(2, 3, 16, 16))  # the counter restarts every forward pass
+    h.remove()
+    assert seen == 2 * [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("name,kw,needle", [("vit_tiny", dict(depth=2), "ONE shared block"),
+                                            ("bvit_tiny", dict(steps=2, core="ode", method="dopri5"), "fixed-step")])
+def test_step_lora_needs_a_shared_block_with_known_steps(name, kw, needle):
+    with pytest.raises(UserError, match=needle):
+        prepare(create_model(name, **TINY, **kw), "step_lora", rank=2)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+TARGET = ["data.synthetic_chans=1", "data.synthetic_classes=5", "data.synthetic_train=64", "data.synthetic_test=32",
+          "train.epochs=1", "train.batch_size=32", "train.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ft") / "src"
+    assert main(["train", "model.embed_dim=24", "model.steps=2", "train.epochs=1", "train.progress=false",
+                 "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("method", ["head", "lora", "step_lora", "full", "scratch"])
+def test_finetune_cli_runs_saves_and_reloads(source, tmp_path, capsys, method):
+    out = tmp_path / method
+    assert main(["finetune", str(source), "--data", "synthetic", "--method", method, "--rank", "2", *TARGET,
+                 "--out", str(out), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    for name in ("config.yaml", "metrics.jsonl", "best.pt", "last.pt", "finetune.json"):
+        assert (out / name).is_file(), name
+    D, heads = 24, 24 * 5 + 5
+    adapter = 2 * ((D + 3 * D) + 2 * D + 2 * (D + 4 * D))
+    expect = {"head": heads, "lora": adapter + heads, "step_lora": 2 * adapter + heads}.get(method, res["total_params"])
+    assert res["trainable_params"] == expect
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["trainable_params"] == expect
+    model, cfg = load_run(out)
+    assert cfg.model.num_classes == 5 and cfg.data.name == "synthetic" and model.head.out_features == 5
+    if method == "step_lora":  # compact form: load_run; the unrolled stack: any command
+        assert main(["eval", str(out / "unrolled.pt"), "--json"]) == 0
+    else:  # plain (lora: merged) weights: recurvit eval reads it as any run
+        assert not lora_layers(model)
+        assert main(["eval", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(res["best_acc"])
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["data.synthetic_chans=3"], "3-channel images but the pretrained model takes 1"),
+    (["data.img_size=16"], "data.img_size=16 but the pretrained model takes 8x8"),
+    (["model.steps=4"], "keeps the pretrained model"),
+    (["--method", "step_lora", "--rank", "0"], "--rank must be >= 1"),
+])
+def test_finetune_cli_errors(source, tmp_path, capsys, extra, needle):
+    code = main(["finetune", str(source), "--data", "synthetic", *TARGET, *extra, "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and needle in err, err
