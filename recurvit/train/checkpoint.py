@@ -102,6 +102,8 @@ def load_model(path: str | Path, map_location: Any = "cpu", **overrides) -> nn.M
 def load_model_and_config(path: str | Path, map_location: Any = "cpu", **overrides) -> Tuple[nn.Module, RunConfig]:
     p = resolve_checkpoint(path)
     ckpt = load_checkpoint(p, map_location)
+    if ckpt.get("task") == "vae":
+        raise UserError(f"{p} is a LoopVAE run; use `recurvit vae eval {path}`")
     cfg = config_from_checkpoint(ckpt)
     model = build_model_from_config(cfg, **overrides)
     load_state(model, ckpt["model"], p)
