@@ -33,6 +33,8 @@ def _fails(capsys, argv, needle):
     (["train", "data.name=cifar100", "data.root=/nonexistent"], "cifar-100-python"),
     (["train", "train.epochs=many"], "bad config"),
     (["train", "train.nope=1"], "bad config"),
+    (["train", "train.lr=nan"], "train.lr must be a positive number"),
+    (["train", "train.batch_size=0"], "train.batch_size must be >= 1"),
     (["train", "missing.yaml"], "config file not found"),
     (["train", "epochs5"], "config file not found"),
     (["train", "train.supervision.weights=cubic", "train.epochs=1"], "weights must be"),

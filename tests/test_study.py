@@ -15,7 +15,7 @@ grid:
   regime:
     rec: {{model.name: bvit_tiny, model.steps: 2}}
     vit: {{model.name: vit_tiny, model.depth: 2}}
-    bad: {{model.name: bvit_tiny, model.steps: 2, train.lr: .nan}}
+    bad: {{model.name: bvit_tiny, model.steps: 0}}
   train.seed: [0, 1]
 eval:
   max_steps_factor: 2
@@ -42,7 +42,7 @@ def test_study_runs_grid_resumes_and_reports(study_file, tmp_path):
     out = tmp_path / "study"
     rows = run_study(study, out, progress=False, log=lambda *a: None)
     ok = [r for r in rows if "error" not in r]
-    assert len(ok) == 4 and all("diverged" in r["error"] for r in rows if "error" in r)
+    assert len(ok) == 4 and all("steps must be >= 1" in r["error"] for r in rows if "error" in r)
     rec = next(r for r in ok if r["run_id"] == "rec__seed=0")
     assert rec["steps"] == 2 and len(rec["horizon_accuracy"]) == 4  # swept to 2T
     assert rec["params_stored"] < next(r for r in ok if r["run_id"] == "vit__seed=0")["params_stored"]

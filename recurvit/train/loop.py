@@ -12,6 +12,7 @@ in backward; bf16 autocast is on by default on CUDA and AdamW is fused there.
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from contextlib import nullcontext
@@ -229,6 +230,18 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
         return _train(cfg, Path(out), resume, log, stop_after, env)
 
 
+def check_train_config(cfg: RunConfig) -> None:
+    """Values torch would reject with a traceback: one clear line instead."""
+    t = cfg.train
+    if not (math.isfinite(t.lr) and t.lr > 0):
+        raise UserError(f"train.lr must be a positive number, got {t.lr}")
+    for key in ("epochs", "batch_size"):
+        if getattr(t, key) < 1:
+            raise UserError(f"train.{key} must be >= 1, got {getattr(t, key)}")
+    if t.weight_decay < 0 or t.grad_clip < 0 or not 0 <= t.label_smoothing < 1:
+        raise UserError("train.weight_decay and train.grad_clip must be >= 0, train.label_smoothing in [0, 1)")
+
+
 def _quiet(*args, **kwargs) -> None:
     return None
 
@@ -237,6 +250,7 @@ def _train(cfg: RunConfig, out: Path, resume: bool, log, stop_after: Optional[in
            env: dist_io.DistEnv) -> Dict[str, float]:
     out = Path(env.broadcast(str(out)))  # rank 0's run directory (a default one carries a time stamp)
     log = log if env.is_main else _quiet
+    check_train_config(cfg)
     env.on_main(lambda: prepare_run_dir(out, resume))
     state = ckpt_io.load_checkpoint(out / "last.pt") if resume else None  # every rank resumes from it
     seed_everything(cfg.train.seed)
