@@ -293,7 +293,7 @@ def _train(cfg: RunConfig, out: Path, resume: bool, log, stop_after: Optional[in
 
     n_params = sum(p.numel() for p in model.parameters())
     where = f"device {device}" if not env.enabled else f"{env.world_size} processes ({device.type}, DDP)"
-    log(f"model {cfg.model.name} ({cfg.model.core or 'preset'} core, {n_params:,} params, steps={model.nominal_steps}) "
+    log(f"model {cfg.model.name} ({getattr(getattr(model, 'cfg', None), 'core', cfg.model.core)} core, {n_params:,} params, steps={model.nominal_steps}) "
         f"on {cfg.data.name} ({len(train_loader.dataset)} train / {len(test_loader.dataset)} test), {where}")
     metrics: Dict[str, float] = {}
     for epoch in range(start_epoch, cfg.train.epochs):
