@@ -106,6 +106,10 @@ def load_model_and_config(path: str | Path, map_location: Any = "cpu", **overrid
         raise UserError(f"{p} is a LoopVAE run; use `recurvit vae eval {path}`")
     cfg = config_from_checkpoint(ckpt)
     model = build_model_from_config(cfg, **overrides)
+    if ckpt.get("adapter"):  # a step-LoRA fine-tune: per-step adapters cannot be merged into one block
+        from .finetune import attach_adapters
+
+        attach_adapters(model, ckpt["adapter"])
     load_state(model, ckpt["model"], p)
     model.eval()
     return model, cfg
