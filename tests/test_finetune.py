@@ -180,6 +180,7 @@ def test_finetune_cli_runs_saves_and_reloads(source, tmp_path, capsys, method):
     (["data.img_size=16"], "data.img_size=16 but the pretrained model takes 8x8"),
     (["model.steps=4"], "keeps the pretrained model"),
     (["--method", "step_lora", "--rank", "0"], "--rank must be >= 1"),
+    (["train.lr=0"], "train.lr must be a positive number"),
 ])
 def test_finetune_cli_errors(source, tmp_path, capsys, extra, needle):
     code = main(["finetune", str(source), "--data", "synthetic", *TARGET, *extra, "--out", str(tmp_path / "x")])

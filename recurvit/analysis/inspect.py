@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -469,7 +469,8 @@ def write_outputs(res: dict, out_dir, title: str = "") -> List[str]:
              [[r["step"], r["head"], r["accuracy"], r["drop"]] for r in p["heads"]])
         csv_("pruning_mlp.csv", ["step", "slice", "accuracy", "drop"],
              [[r["step"], r["slice"], r["accuracy"], r["drop"]] for r in p["mlp"]])
-        csv_("pruning_skip.csv", ["step", "accuracy", "drop"], [[r["step"], r["accuracy"], r["drop"]] for r in p["skip"]])
+        csv_("pruning_skip.csv", ["step", "accuracy", "drop"],
+             [[r["step"], r["accuracy"], r["drop"]] for r in p["skip"]])
     written += plot_all(res, out, title)
     return written
 

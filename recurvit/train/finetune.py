@@ -20,7 +20,9 @@ Methods (trainable parameters):
 The run directory is like ``recurvit train``'s: config.yaml (the model config with the target's
 num_classes, the target data and the train settings used), metrics.jsonl (one line per epoch),
 best.pt / last.pt written atomically, and finetune.json (method, source, trainable / total params,
-accuracy, seconds).
+accuracy, wall and CPU seconds of training). Not resumable (runs are short); ``train.compile`` and
+``train.activation_checkpointing`` are ignored here (checkpointing would recompute a step_lora
+block in backward with the adapter index of the LAST step: the selector is read at call time).
 
 Checkpoints and loading:
 - full / head / scratch / lora: ``best.pt`` holds plain weights (lora: merged, W + (alpha/r) B A,
@@ -220,8 +222,8 @@ def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optiona
     """Fine-tune run ``src`` on data set ``data`` with ``method`` into run directory ``out``."""
     from ..data import build_batch_transform
     from .losses import DepthSampler, stage_weights
-    from .loop import (build_loaders, evaluate, pick_device, prepare_run_dir, seed_everything,
-                       train_one_epoch)
+    from .loop import (build_loaders, check_train_config, evaluate, pick_device, prepare_run_dir,
+                       seed_everything, set_epoch, train_one_epoch)
     from .optim import build_optimizer, build_scheduler
 
     if method not in METHODS:
@@ -233,6 +235,7 @@ def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optiona
                         "run, or its unrolled.pt")
     model, src_cfg = load_run(src_path)
     cfg = target_config(src_cfg, data, list(overrides or []))
+    check_train_config(cfg)
     mc = model.cfg
     if cfg.data.img_size is None:
         cfg.data.img_size = mc.img_size  # resize the target to the pretrained input size
@@ -273,7 +276,7 @@ def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optiona
 
     best_acc, elapsed, cpu, metrics = -1.0, 0.0, 0.0, {}
     for epoch in range(cfg.train.epochs):
-        train_loader.generator.manual_seed(cfg.train.seed * 100_003 + epoch)
+        set_epoch(train_loader, cfg.train.seed * 100_003 + epoch)  # the shuffle depends on (seed, epoch) only
         c0 = time.process_time()
         m = train_one_epoch(model, train_loader, opt, sched, device, cfg, depth, batch_transform, epoch)
         cpu += time.process_time() - c0  # CPU time of this process: robust to other jobs on a shared machine
