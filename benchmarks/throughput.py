@@ -39,7 +39,6 @@ import csv
 import datetime as _dt
 import json
 import os
-import platform
 import re
 import statistics
 import sys

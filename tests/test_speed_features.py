@@ -1,7 +1,6 @@
 """Speed and memory of the recurrence: regional torch.compile, activation checkpointing, bf16
 autocast, fused AdamW, SDPA everywhere."""
 import copy
-import json
 
 import pytest
 import torch

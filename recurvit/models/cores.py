@@ -113,6 +113,14 @@ CORES = ("stack", "recurrent", "ode", "softmor")
 
 
 # ------------------------------------------------------------------ activation checkpointing
+def _blocks(model: nn.Module, what: str) -> nn.Module:
+    """``model.blocks``: our ModuleList, or a timm-style nn.Sequential of blocks."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, (nn.ModuleList, nn.Sequential)):
+        raise TypeError(f"{type(model).__name__} has no `blocks` (ModuleList or Sequential) to {what}")
+    return blocks
+
+
 def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """A block's forward that keeps only its inputs for backward and recomputes the rest there.
     Without autograd (evaluation, truncated steps under no_grad) it is the plain forward."""
@@ -133,9 +141,7 @@ def set_activation_checkpointing(model: nn.Module, enabled: bool = True) -> nn.M
     backward (about +1/3 of a training step). Gradients are unchanged. The model's state_dict,
     its outputs and evaluation are unaffected. Returns ``model``.
     """
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
-        raise TypeError(f"{type(model).__name__} has no `blocks` ModuleList to checkpoint")
+    blocks = _blocks(model, "checkpoint")
     for block in blocks:
         if enabled:
             block.forward = types.MethodType(_checkpointed_forward, block)
@@ -174,9 +180,7 @@ def compile_blocks(model: nn.Module, **compile_kwargs: Any) -> nn.Module:
     any horizon. State_dict keys are unchanged (no ``_orig_mod.`` prefix). ``compile_kwargs``
     go to ``torch.compile`` (e.g. ``backend``, ``mode``).
     """
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
-        raise TypeError(f"{type(model).__name__} has no `blocks` ModuleList to compile")
+    blocks = _blocks(model, "compile")
     for block in blocks:
         block.compile(**compile_kwargs)
     return model
