@@ -124,9 +124,10 @@ def _fail(exc: Exception, where: str) -> UserError:
     return UserError(f"bad config ({where}): {msg}")
 
 
-def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> RunConfig:
-    """Defaults <- YAML file <- dotted `key=value` overrides; returns a typed RunConfig."""
-    cfg = OmegaConf.structured(RunConfig)
+def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None,
+                schema: type = RunConfig) -> Any:
+    """Defaults of ``schema`` <- YAML file <- dotted `key=value` overrides; returns a typed ``schema``."""
+    cfg = OmegaConf.structured(schema)
     if path is not None:
         p = Path(path)
         if not p.is_file():

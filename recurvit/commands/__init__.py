@@ -26,3 +26,24 @@ def parse_overrides(items: List[str]) -> Dict[str, object]:
 
 def fmt_int(n) -> str:
     return "-" if n is None else f"{n:,}"
+
+
+def config_and_overrides(items: List[str]):
+    """``[CONFIG.yaml] [key=value ...]`` -> (config path or None, overrides)."""
+    config = [a for a in items if "=" not in a]
+    overrides = [a for a in items if "=" in a]
+    if len(config) > 1:
+        raise UserError(f"expected at most one config file, got {', '.join(config)}")
+    return (config[0] if config else None), overrides
+
+
+def load_run_config(args, load, default_path: str):
+    """The config of a new run (CONFIG or the default, with overrides) or of ``--resume RUN_DIR``."""
+    config, overrides = config_and_overrides(args.args)
+    if args.resume is None:
+        return load(config or default_path, overrides)
+    if config is not None:
+        raise UserError("--resume reads the run's own config.yaml; give only key=value overrides with it")
+    if not (args.resume / "config.yaml").is_file():
+        raise UserError(f"cannot resume: {args.resume / 'config.yaml'} not found (is {args.resume} a run directory?)")
+    return load(args.resume / "config.yaml", overrides)

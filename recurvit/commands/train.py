@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import load_config
 from ..errors import UserError
-from . import print_json
+from . import load_run_config, print_json
 
 
 def add_parser(sub):
@@ -27,29 +27,12 @@ def add_parser(sub):
     return p
 
 
-def split_args(args):
-    config = [a for a in args if "=" not in a]
-    overrides = [a for a in args if "=" in a]
-    if len(config) > 1:
-        raise UserError(f"expected at most one config file, got {', '.join(config)}")
-    return (config[0] if config else None), overrides
-
-
 def run(args) -> int:
     from ..train import distributed as dist_io
     from ..train.loop import default_run_dir, train
 
-    config, overrides = split_args(args.args)
-    if args.resume is not None:
-        if config is not None:
-            raise UserError("--resume reads the run's own config.yaml; give only key=value overrides with it")
-        out = args.resume
-        if not (out / "config.yaml").is_file():
-            raise UserError(f"cannot resume: {out / 'config.yaml'} not found (is {out} a run directory?)")
-        cfg = load_config(out / "config.yaml", overrides)
-    else:
-        cfg = load_config(config or _default_config(), overrides)
-        out = args.out
+    cfg = load_run_config(args, load_config, _default_config())
+    out = args.resume if args.resume is not None else args.out
     if args.nproc is not None and args.nproc > 1:
         return _launch(args, cfg, out)
     with dist_io.session(cfg.train.device) as env:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from . import print_json
+from . import config_and_overrides, load_run_config, print_json
 
 
 def _ints(text: str, what: str, minimum: int = 0):
@@ -106,30 +106,13 @@ def run(args) -> int:
     return {"train": _train, "eval": _eval, "intervene": _intervene, "profile": _profile}[cmd](args)
 
 
-def _split(items):
-    config = [a for a in items if "=" not in a]
-    overrides = [a for a in items if "=" in a]
-    if len(config) > 1:
-        raise UserError(f"expected at most one config file, got {', '.join(config)}")
-    return (config[0] if config else None), overrides
-
-
 def _train(args) -> int:
     from ..train.loop import default_run_dir
     from ..vae.config import default_config_path, load_vae_config
     from ..vae.train import train_vae
 
-    config, overrides = _split(args.args)
-    if args.resume is not None:
-        if config is not None:
-            raise UserError("--resume reads the run's own config.yaml; give only key=value overrides with it")
-        out = args.resume
-        if not (out / "config.yaml").is_file():
-            raise UserError(f"cannot resume: {out / 'config.yaml'} not found (is {out} a run directory?)")
-        cfg = load_vae_config(out / "config.yaml", overrides)
-    else:
-        cfg = load_vae_config(config or default_config_path(), overrides)
-        out = args.out or default_run_dir(cfg)
+    cfg = load_run_config(args, load_vae_config, default_config_path())
+    out = args.resume if args.resume is not None else (args.out or default_run_dir(cfg))
     log = (lambda *a, **k: None) if args.json else print
     metrics = train_vae(cfg, out, resume=args.resume is not None, log=log)
     if args.json:
@@ -240,7 +223,7 @@ def _profile(args) -> int:
     from ..vae.profile import profile_models, write_csv
     from ..vae.train import resolve_vae_config
 
-    target, overrides = _split(args.args)
+    target, overrides = config_and_overrides(args.args)
     if target is not None and Path(target).is_dir():
         from ..train import checkpoint as ckpt_io
 

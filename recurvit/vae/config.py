@@ -110,24 +110,9 @@ def _to_object(cfg: Any) -> VAERunConfig:
 
 def load_vae_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> VAERunConfig:
     """Defaults <- YAML file <- dotted `key=value` overrides; returns a typed VAERunConfig."""
-    cfg = OmegaConf.structured(VAERunConfig)
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(f"config file not found: {p}")
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(p))
-        except Exception as e:  # OmegaConf type/key errors and YAML syntax errors
-            raise _fail(e, str(p)) from None
-    for ov in overrides or []:
-        if "=" not in ov:
-            raise UserError(f"override '{ov}' is not of the form key=value (e.g. train.epochs=5)")
-    if overrides:
-        try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-        except Exception as e:
-            raise _fail(e, "overrides") from None
-    return _to_object(cfg)
+    from ..config import load_config
+
+    return load_config(path, overrides, schema=VAERunConfig)
 
 
 def apply_overrides(cfg: VAERunConfig, overrides: Optional[List[str]]) -> VAERunConfig:
