@@ -42,8 +42,10 @@ def _fails(capsys, argv, needle):
     (["flops", "bvit_tiny", "patch_size=5"], "does not divide"),
     (["match", "nope"], "unknown model"),
 ])
-def test_bad_input_one_line_exit_2(capsys, argv, needle):
+def test_bad_input_one_line_exit_2(capsys, argv, needle, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     _fails(capsys, argv, needle)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing left behind
 
 
 def test_train_eval_horizon_and_corrupt_checkpoint(run_dir, tmp_path, capsys):

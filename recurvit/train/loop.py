@@ -226,8 +226,15 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
     this with the same arguments and the run is data-parallel (see ``distributed.py``); rank 0
     alone writes ``out`` and logs, and every rank returns the same global metrics.
     """
-    with dist_io.session(cfg.train.device) as env:
-        return _train(cfg, Path(out), resume, log, stop_after, env)
+    out = Path(out)
+    fresh = not out.exists()
+    try:
+        with dist_io.session(cfg.train.device) as env:
+            return _train(cfg, out, resume, log, stop_after, env)
+    except BaseException:
+        if fresh and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a run that failed before writing anything leaves no empty directory behind
+        raise
 
 
 def check_train_config(cfg: RunConfig) -> None:
