@@ -293,8 +293,9 @@ def saved_tensor_bytes(model: nn.Module, batch: int, input_shape: InputShape,
     tensors sharing a storage (views: q, k, v of one qkv output) are counted once with the full
     storage size; parameters, buffers and the input batch are excluded. This is the activation
     memory that a training step holds at the end of its forward pass, where it peaks; it leaves
-    out short-lived temporaries and the parameter gradients. Under non-reentrant activation checkpointing only each region's saved input is seen, which is
-    what it keeps. Works on any device.
+    out short-lived temporaries and the parameter gradients. Under non-reentrant activation
+    checkpointing only each region's saved input is seen, which is what it keeps. Works on any
+    device.
     """
     device, dtype = _model_device_dtype(model)
     x = torch.randn(batch, *input_shape, device=device, dtype=dtype)
