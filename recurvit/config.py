@@ -134,10 +134,25 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
             raise UserError(f"config file not found: {p}")
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.load(p))
-        except (OmegaConfBaseException, ValueError, TypeError) as e:
+        except Exception as e:  # OmegaConf type/key errors and YAML syntax errors
             raise _fail(e, str(p)) from None
-        except Exception as e:  # YAML syntax errors
-            raise _fail(e, str(p)) from None
+    return _merge_overrides(cfg, overrides)
+
+
+def apply_overrides(cfg: Any, overrides: Optional[List[str]]) -> Any:
+    """A typed config with dotted ``key=value`` overrides applied."""
+    return _merge_overrides(OmegaConf.structured(cfg), overrides) if overrides else cfg
+
+
+def config_from_dict(d: dict, schema: type = RunConfig) -> Any:
+    """A typed ``schema`` from the plain dict stored in a checkpoint."""
+    try:
+        return to_object(OmegaConf.merge(OmegaConf.structured(schema), d))
+    except OmegaConfBaseException as e:
+        raise _fail(e, "checkpoint") from None
+
+
+def _merge_overrides(cfg: Any, overrides: Optional[List[str]]) -> Any:
     for ov in overrides or []:
         if "=" not in ov:
             raise UserError(f"override '{ov}' is not of the form key=value (e.g. train.epochs=5)")
@@ -149,18 +164,18 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     return to_object(cfg)
 
 
-def to_object(cfg: Any) -> RunConfig:
+def to_object(cfg: Any) -> Any:
     try:
         return OmegaConf.to_object(cfg)
     except (OmegaConfBaseException, ValueError, TypeError) as e:
         raise _fail(e, "values") from None
 
 
-def to_yaml(cfg: RunConfig) -> str:
+def to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
-def save_config(cfg: RunConfig, path: str | Path) -> None:
+def save_config(cfg: Any, path: str | Path) -> None:
     Path(path).write_text(to_yaml(cfg))
 
 
@@ -170,5 +185,5 @@ def as_dict(cfg: Any) -> dict:
 
 __all__ = [
     "ModelConfig", "DataConfig", "TrainConfig", "SupervisionConfig", "DepthConfig", "RunConfig",
-    "load_config", "save_config", "to_yaml", "as_dict", "MISSING",
+    "load_config", "apply_overrides", "config_from_dict", "save_config", "to_yaml", "as_dict", "MISSING",
 ]

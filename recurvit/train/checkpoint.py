@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..config import RunConfig, to_object
+from ..config import RunConfig, config_from_dict
 from ..errors import UserError
 
 FORMAT = "recurvit-checkpoint-v1"
@@ -65,9 +65,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Dict[str, An
 
 
 def config_from_checkpoint(ckpt: Dict[str, Any]) -> RunConfig:
-    from omegaconf import OmegaConf
-
-    return to_object(OmegaConf.merge(OmegaConf.structured(RunConfig), ckpt["config"]))
+    return config_from_dict(ckpt["config"])
 
 
 def build_model_from_config(cfg: RunConfig, **overrides) -> nn.Module:

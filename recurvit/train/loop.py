@@ -16,7 +16,7 @@ import math
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Optional, Tuple
 
@@ -30,7 +30,7 @@ from ..errors import UserError
 from . import checkpoint as ckpt_io
 from . import distributed as dist_io
 from .losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
-from .optim import build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler, optimizer_step
 
 
 # ---------------------------------------------------------------------------- setup helpers
@@ -176,12 +176,7 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
         if not torch.isfinite(loss if step_loss is None else torch.tensor(step_loss)):
             value = loss.item() if step_loss is None else step_loss
             raise UserError(f"training diverged (loss={value}) at epoch {epoch + 1}; lower train.lr or raise train.grad_clip")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if tc.grad_clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
-        sched.step()
+        optimizer_step(model, opt, sched, loss, tc.grad_clip)
         if step_loss is None:
             n += b
             loss_sum += loss.item() * b

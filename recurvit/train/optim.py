@@ -43,3 +43,13 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, iters_per_epoc
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, sched, loss: torch.Tensor, grad_clip: float) -> None:
+    """Backward, optional global-norm clipping, optimizer and (per-iteration) schedule step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    sched.step()

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import List, Optional
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from ..errors import UserError
+from ..config import apply_overrides, as_dict, load_config, save_config, to_yaml
+from ..config import config_from_dict as _config_from_dict
 
 
 @dataclass
@@ -96,57 +94,17 @@ class VAERunConfig:
     train: VAETrainConfig = field(default_factory=VAETrainConfig)
 
 
-def _fail(exc: Exception, where: str) -> UserError:
-    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return UserError(f"bad config ({where}): {msg}")
-
-
-def _to_object(cfg: Any) -> VAERunConfig:
-    try:
-        return OmegaConf.to_object(cfg)
-    except (OmegaConfBaseException, ValueError, TypeError) as e:
-        raise _fail(e, "values") from None
-
-
 def load_vae_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> VAERunConfig:
     """Defaults <- YAML file <- dotted `key=value` overrides; returns a typed VAERunConfig."""
-    from ..config import load_config
-
     return load_config(path, overrides, schema=VAERunConfig)
-
-
-def apply_overrides(cfg: VAERunConfig, overrides: Optional[List[str]]) -> VAERunConfig:
-    """``cfg`` with dotted ``key=value`` overrides applied."""
-    if not overrides:
-        return cfg
-    for ov in overrides:
-        if "=" not in ov:
-            raise UserError(f"override '{ov}' is not of the form key=value (e.g. train.epochs=5)")
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(list(overrides)))
-    except Exception as e:
-        raise _fail(e, "overrides") from None
-    return _to_object(merged)
 
 
 def config_from_dict(d: dict) -> VAERunConfig:
     """A VAERunConfig from the plain dict stored in a checkpoint."""
-    try:
-        return _to_object(OmegaConf.merge(OmegaConf.structured(VAERunConfig), d))
-    except OmegaConfBaseException as e:
-        raise _fail(e, "checkpoint") from None
+    return _config_from_dict(d, schema=VAERunConfig)
 
 
-def to_yaml(cfg: VAERunConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
-
-
-def save_vae_config(cfg: VAERunConfig, path: str | Path) -> None:
-    Path(path).write_text(to_yaml(cfg))
-
-
-def as_dict(cfg: VAERunConfig) -> dict:
-    return OmegaConf.to_container(OmegaConf.structured(cfg))
+save_vae_config = save_config
 
 
 def default_config_path() -> str:

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from ..errors import UserError
 from ..train import checkpoint as ckpt_io
 from ..train.loop import autocast, pick_device, prepare_run_dir, seed_everything
-from ..train.optim import build_optimizer, build_scheduler
+from ..train.optim import build_optimizer, build_scheduler, optimizer_step
 from .config import VAERunConfig, as_dict, save_vae_config
 from .data import build_vae_datasets, mean_image
 from .evaluate import TASK, build_vae_model, evaluate_vae, make_test_loader, mean_image_baseline
@@ -174,12 +174,7 @@ def _train_one_epoch(model, loader, opt, sched, device, cfg: VAERunConfig, epoch
             sums["g_adv"] += g.item() * len(x)
         if not torch.isfinite(loss):
             raise UserError(f"training diverged (loss={loss.item()}) at epoch {epoch + 1}; lower train.lr or raise train.grad_clip")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if tc.grad_clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
-        sched.step()
+        optimizer_step(model, opt, sched, loss, tc.grad_clip)
         if adv_on:
             d = d_hinge_loss(disc(x), disc(xr.detach()))
             dopt.zero_grad(set_to_none=True)
