@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = Path("runs/transfer")  # relative to ROOT (the script works from there)
 RESULTS = Path("results/transfer")
-RECIPE = "recurvit/configs/fashion_mnist/crossroads/naive.yaml"  # bViT: D=64, 2 heads, 6 steps, patch 7
+RECIPE = "configs/fashion_mnist/crossroads/naive.yaml"  # bViT: D=64, 2 heads, 6 steps, patch 7
 CLI = [sys.executable, "-m", "recurvit"]
 
 # pretraining: the same model on each source (digits 8x8 -> 28x28 so the input matches Fashion-MNIST)
