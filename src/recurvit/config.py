@@ -62,6 +62,9 @@ class DataConfig:
     randaugment: bool = False  # torchvision RandAugment (uint8 images)
     mixup_alpha: float = 0.0  # >0 enables MixUp on batches
     cutmix_alpha: float = 0.0  # >0 enables CutMix on batches
+    # imagefolder: False: an unreadable image stops the run with its path; True: images PIL cannot open
+    # or verify are left out when the data set is built (the count is reported)
+    skip_bad_images: bool = False
     # synthetic data set (tests and benchmarks)
     synthetic_train: int = 256
     synthetic_test: int = 64
