@@ -1,35 +1,134 @@
-"""Copy generated result tables into README.md between markers; never type figures by hand.
+"""Copy generated results into README.md between markers; never type figures by hand.
 
-    python scripts/update_readme.py
+    python scripts/update_readme.py            # rewrite README.md, print how many blocks changed
+    python scripts/update_readme.py --check    # exit 1 if README.md is not what its files generate
+    options: --readme PATH (default README.md at the repo root), --root DIR (where include paths
+    are resolved, default the repo root)
 
-Each block ``<!-- include: PATH -->`` ... ``<!-- /include -->`` in README.md is replaced by the
-text of PATH (a generated report), with everything from its first image link on left out;
-``<!-- include: PATH lines=A-B -->`` takes lines A..B of it.
+A block is two marker lines, each alone on its line:
+
+    <!-- include: PATH [lines=A-B[,C-D...]] [fence=LANG] -->
+    ...generated text, replaced on every run...
+    <!-- /include -->
+
+The text between the markers becomes the text of PATH (a generated report), with everything from
+its first image link (a line starting ``![``) on left out, ``# `` title lines dropped and ``## ``
+headings demoted by two levels (``####``). ``lines=A-B`` takes lines A..B of PATH (1-based,
+inclusive) before that; several ranges ``lines=1-4,42-43`` are joined by a line ``...``.
+``fence=LANG`` puts the selected lines verbatim (no heading or image rules) in a ```LANG code
+fence, so the markers stay outside the fence. Unpaired or nested markers, a malformed marker, a
+missing PATH or a range beyond its end: one line on stderr naming the README line, exit status 2.
 """
+import argparse
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PATTERN = re.compile(r"(<!-- include: (?P<path>\S+)(?: lines=(?P<a>\d+)-(?P<b>\d+))? -->\n)(?P<body>.*?)(<!-- /include -->)",
-                     re.S)
+OPEN = re.compile(r"<!-- include: (?P<path>\S+)(?P<opts>(?: [a-z]+=\S+)*) -->")
+CLOSE = "<!-- /include -->"
+RANGES = re.compile(r"\d+-\d+(?:,\d+-\d+)*")
 
 
-def _section(path: Path, a=None, b=None) -> str:
+class IncludeError(Exception):
+    pass
+
+
+def generate(path: Path, lines: str | None = None, fence: str | None = None) -> str:
+    """The text a block including ``path`` holds (ends with a newline); ``lines`` as ``1-4,42-43``."""
     text = path.read_text()
-    if a:
-        text = "\n".join(text.splitlines()[int(a) - 1:int(b)])
-    text = text.split("\n![", 1)[0].rstrip()
-    lines = ["###" + ln[1:] if ln.startswith("## ") else ln for ln in text.splitlines() if not ln.startswith("# ")]
-    return "\n".join(lines).strip() + "\n"
+    if lines:
+        all_lines, parts = text.splitlines(), []
+        for rng in lines.split(","):
+            a, b = map(int, rng.split("-"))
+            if not 1 <= a <= b <= len(all_lines):
+                raise IncludeError(f"lines={rng} is outside {path.name}'s lines 1-{len(all_lines)}")
+            parts.append("\n".join(all_lines[a - 1:b]))
+        text = "\n...\n".join(parts)
+    if fence:
+        body = text.strip("\n")
+        ticks = "`" * max([3] + [len(run) + 1 for run in re.findall(r"`{3,}", body)])
+        return f"{ticks}{fence}\n{body}\n{ticks}\n"
+    text = text.split("\n![", 1)[0] if not text.startswith("![") else ""
+    kept = ["###" + ln[1:] if ln.startswith("## ") else ln for ln in text.splitlines() if not ln.startswith("# ")]
+    return "\n".join(kept).strip() + "\n"
 
 
-def main() -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    new = PATTERN.sub(lambda m: m.group(1) + _section(ROOT / m.group("path"), m.group("a"), m.group("b")) + m.group(5), text)
-    readme.write_text(new)
-    print(f"updated {readme} ({len(PATTERN.findall(text))} blocks)")
+def _options(opts: str) -> dict:
+    found = dict(opt.split("=", 1) for opt in opts.split())
+    unknown = set(found) - {"lines", "fence"}
+    if unknown:
+        raise IncludeError(f"unknown option {sorted(unknown)[0]}= (known: lines=A-B[,C-D], fence=LANG)")
+    if "lines" in found and not RANGES.fullmatch(found["lines"]):
+        raise IncludeError(f"lines={found['lines']} is not A-B or A-B,C-D,...")
+    return found
+
+
+def update(text: str, root: Path) -> tuple[str, int, list[str]]:
+    """(new text, number of blocks, ``'line N (PATH)'`` of each block whose body changes)."""
+    out, changed, count = [], [], 0
+    block = None  # (line number, path, generated text, old body lines) while inside a block
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        stripped = line.strip()
+        try:
+            if stripped.startswith("<!-- include"):
+                if block:
+                    raise IncludeError(f"include marker inside the block opened at line {block[0]}")
+                match = OPEN.fullmatch(stripped)
+                if not match:
+                    raise IncludeError(f"malformed marker, expected <!-- include: PATH [lines=A-B] [fence=LANG] -->: {stripped}")
+                path = root / match["path"]
+                if not path.is_file():
+                    raise IncludeError(f"include path {match['path']} does not exist under {root}")
+                opts = _options(match["opts"])
+                block = (number, match["path"], generate(path, opts.get("lines"), opts.get("fence")), [])
+                out.append(line)
+            elif stripped.startswith("<!-- /include"):
+                if stripped != CLOSE:
+                    raise IncludeError(f"malformed marker, expected {CLOSE}: {stripped}")
+                if not block:
+                    raise IncludeError(f"{CLOSE} without an opening <!-- include: PATH --> before it")
+                opened, rel, new, old = block
+                count += 1
+                if "".join(old) != new:
+                    changed.append(f"line {opened} ({rel})")
+                out += [new, line]
+                block = None
+            elif block:
+                block[3].append(line)
+            else:
+                out.append(line)
+        except IncludeError as err:
+            raise IncludeError(f"line {number}: {err}") from None
+    if block:
+        raise IncludeError(f"line {block[0]}: <!-- include: {block[1]} ... --> has no closing {CLOSE}")
+    return "".join(out), count, changed
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if README differs from what its files generate")
+    parser.add_argument("--readme", type=Path, default=ROOT / "README.md", help="file to update (default: README.md)")
+    parser.add_argument("--root", type=Path, default=ROOT, help="directory include paths are resolved in")
+    args = parser.parse_args(argv)
+    try:
+        text = args.readme.read_text()
+        new, count, changed = update(text, args.root)
+    except (IncludeError, OSError) as err:
+        print(f"{args.readme}: {err}", file=sys.stderr)
+        return 2
+    if args.check:
+        if changed:
+            print(f"{args.readme} is out of date in {len(changed)} of {count} include blocks: {', '.join(changed)}; "
+                  f"run python scripts/update_readme.py", file=sys.stderr)
+            return 1
+        print(f"{args.readme}: {count} include blocks up to date")
+        return 0
+    if new != text:
+        args.readme.write_text(new)
+    print(f"updated {len(changed)} of {count} include blocks in {args.readme}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
