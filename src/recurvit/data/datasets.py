@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
-import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +17,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 from torchvision import datasets as tvd
-from torchvision.datasets.utils import extract_archive
 
 from ..errors import UserError
 from . import transforms as T
+from .archives import safe_extract_tar
 
 if TYPE_CHECKING:
     from ..config import DataConfig
@@ -192,7 +191,8 @@ def load_fashion_mnist(root: str | os.PathLike) -> tuple[np.ndarray, np.ndarray,
 def load_cifar(name: str, root: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """CIFAR-10/100 through torchvision (download=False, md5-checked) -> uint8 (N, 32, 32, 3), int64 labels.
 
-    `root` holds the extracted folder or the official .tar.gz, which is then extracted into `root`.
+    `root` holds the extracted folder or the official .tar.gz, which is then extracted into `root`
+    once every member is checked to stay inside it (see `archives.safe_extract_tar`).
     """
     cls = CIFAR_CLASSES[name]
     root = Path(root).expanduser()
@@ -203,10 +203,7 @@ def load_cifar(name: str, root: str | os.PathLike) -> tuple[np.ndarray, np.ndarr
                 f"{name} not found: expected folder {cls.base_folder}/ or archive {cls.filename} under {root}"
                 " (set data.root=DIR)"
             )
-        try:
-            extract_archive(archive, root)
-        except (OSError, EOFError, tarfile.TarError, zlib.error) as e:
-            raise UserError(f"cannot extract {archive} into {root}: {e}") from None
+        safe_extract_tar(archive, root)
     files = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
     try:
         train = cls(root, train=True, download=False)

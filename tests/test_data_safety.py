@@ -1,0 +1,161 @@
+"""Data a user points us at must not hurt: archives that try to write outside the data root, images
+that cannot be read, config values that torch would turn into a traceback. Real files on disk, the
+real loaders, and the real command line in a subprocess (one stderr line, exit code 2)."""
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from test_data import _write_cifar
+
+from recurvit.config import DataConfig
+from recurvit.data import build_datasets
+from recurvit.data import datasets as D
+from recurvit.data.archives import member_problem
+from recurvit.errors import UserError
+
+FAST = ["model.embed_dim=24", "model.steps=2", "train.epochs=1", "train.progress=false", "train.device=cpu"]
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`recurvit ARGS` in a subprocess (the installed entry point next to this python, else -m)."""
+    exe = Path(sys.executable).parent / "recurvit"
+    cmd = [str(exe)] if exe.is_file() else [sys.executable, "-m", "recurvit"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    return subprocess.run(cmd + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
+    err = r.stderr.strip()
+    assert r.returncode == 2, (r.returncode, r.stdout, err)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+# ---------------------------------------------------------------------------------------- archives
+
+OUTSIDE_FILE = "x.txt"  # every malicious member aims at <tmp>/x.txt, the folder above data.root
+
+
+def _add_file(tar: tarfile.TarFile, name: str, data: bytes = b"pwned\n") -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _add_link(tar: tarfile.TarFile, name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    tar.addfile(info)
+
+
+def _add_special(tar: tarfile.TarFile, name: str, kind: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.devmajor, info.devminor = kind, 1, 3
+    tar.addfile(info)
+
+
+# case -> (function adding the bad members, the member the error must name; {out}: the root's parent).
+# Every bad member comes after a good one: nothing may be written before every member is checked.
+B = "cifar-10-batches-py"
+MALICIOUS = {
+    "dotdot": (lambda t, out: _add_file(t, "../x.txt"), "../x.txt"),
+    "nested_dotdot": (lambda t, out: _add_file(t, f"{B}/../../x.txt"), f"{B}/../../x.txt"),
+    "absolute": (lambda t, out: _add_file(t, f"{out}/x.txt"), "{out}/x.txt"),
+    "symlink_out": (lambda t, out: _add_link(t, f"{B}/evil", "../../"), f"{B}/evil"),
+    "symlink_absolute": (lambda t, out: _add_link(t, f"{B}/evil", str(out)), f"{B}/evil"),
+    # `up` points at the data root (inside); `up/../x.txt` looks inside but lands in the root's parent
+    "through_link": (
+        lambda t, out: (_add_link(t, f"{B}/up", ".."), _add_file(t, f"{B}/up/../x.txt")), f"{B}/up/../x.txt"
+    ),
+    "hardlink_out": (lambda t, out: _add_link(t, f"{B}/h", "../x.txt", tarfile.LNKTYPE), f"{B}/h"),
+    "char_device": (lambda t, out: _add_special(t, f"{B}/null", tarfile.CHRTYPE), f"{B}/null"),
+    "block_device": (lambda t, out: _add_special(t, f"{B}/disk", tarfile.BLKTYPE), f"{B}/disk"),
+    "fifo": (lambda t, out: _add_special(t, f"{B}/pipe", tarfile.FIFOTYPE), f"{B}/pipe"),
+}
+
+
+def _malicious_root(tmp_path: Path, case: str) -> tuple[Path, Path, str]:
+    """<tmp>/outside/root/cifar-10-python.tar.gz with a good member, then the bad ones of `case`."""
+    outside = tmp_path / "outside"
+    root = outside / "root"
+    root.mkdir(parents=True)
+    add_bad, bad_name = MALICIOUS[case]
+    bad_name = bad_name.replace("{out}", str(outside))
+    archive = root / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        _add_file(tar, f"{B}/readme.txt", b"a good member first\n")
+        add_bad(tar, outside)
+    return outside, archive, bad_name
+
+
+def _only_archive_left(outside: Path, archive: Path) -> None:
+    """Nothing written: the parent holds only root/, the root only the archive (no folder, no staging)."""
+    assert sorted(p.name for p in outside.iterdir()) == ["root"]
+    assert sorted(p.name for p in archive.parent.iterdir()) == [archive.name]
+
+
+@pytest.mark.parametrize("case", sorted(MALICIOUS))
+def test_malicious_archive_is_refused_before_anything_is_written(tmp_path, case):
+    outside, archive, bad_name = _malicious_root(tmp_path, case)
+    with pytest.raises(UserError) as err:
+        build_datasets(DataConfig(name="cifar10", root=str(archive.parent)))
+    msg = str(err.value)
+    assert "\n" not in msg and str(archive) in msg and bad_name in msg and "nothing was extracted" in msg, msg
+    _only_archive_left(outside, archive)
+
+
+def test_malicious_archive_cli_one_line_nothing_written(tmp_path):
+    outside, archive, _ = _malicious_root(tmp_path, "dotdot")
+    out = tmp_path / "run"
+    r = _cli("train", "data.name=cifar10", f"data.root={archive.parent}", "train.epochs=1", "--out", str(out),
+             cwd=tmp_path)
+    _one_line_error(r, str(archive), "'../x.txt'")
+    _only_archive_left(outside, archive)
+    assert not (tmp_path / OUTSIDE_FILE).exists() and not out.exists()
+
+
+def test_truncated_archive_leaves_no_partial_folder(tmp_path, monkeypatch):
+    tiny, _ = _write_cifar(tmp_path / "stage", "cifar10")
+    monkeypatch.setitem(D.CIFAR_CLASSES, "cifar10", tiny)
+    root = tmp_path / "root"
+    root.mkdir()
+    archive = root / tiny.filename
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "stage" / tiny.base_folder, arcname=tiny.base_folder)
+    archive.write_bytes(archive.read_bytes()[: archive.stat().st_size * 2 // 3])
+    with pytest.raises(UserError, match=r"cannot unpack .*cifar-10-python.tar.gz") as err:
+        build_datasets(DataConfig(name="cifar10", root=str(root)))
+    assert "\n" not in str(err.value)
+    assert sorted(p.name for p in root.iterdir()) == [tiny.filename]
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+def test_good_archive_with_inside_link_still_loads(tmp_path, monkeypatch, name):
+    tiny, arrays = _write_cifar(tmp_path / "stage", name)
+    monkeypatch.setitem(D.CIFAR_CLASSES, name, tiny)
+    root = tmp_path / "root"
+    root.mkdir()
+    with tarfile.open(root / tiny.filename, "w:gz") as tar:
+        tar.add(tmp_path / "stage" / tiny.base_folder, arcname=tiny.base_folder)
+        _add_link(tar, f"{tiny.base_folder}/meta-link", tiny.meta["filename"])  # a link that stays inside
+    train, test, info = build_datasets(DataConfig(name=name, root=str(root)))
+    assert len(train) == len(arrays["train"][1]) and len(test) == len(arrays["test"][1])
+    assert sorted(p.name for p in root.iterdir()) == sorted([tiny.base_folder, tiny.filename])  # no staging left
+    assert (root / tiny.base_folder / "meta-link").is_symlink()
+
+
+def test_member_problem_allows_ordinary_members(tmp_path):
+    file, folder = tarfile.TarInfo("a/b.bin"), tarfile.TarInfo("./a")
+    folder.type = tarfile.DIRTYPE
+    inside = tarfile.TarInfo("a/l")
+    inside.type, inside.linkname = tarfile.SYMTYPE, "../a/b.bin"
+    for m in (file, folder, inside):
+        assert member_problem(m, {"a/l"}, str(tmp_path)) is None
