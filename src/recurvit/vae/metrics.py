@@ -1,20 +1,32 @@
 """Reconstruction metrics. Images are float (B, C, H, W) in [0, 1] unless said otherwise.
 
-- PSNR per image, ``10 log10(1 / mse)``, averaged over images.
+- PSNR per image, ``10 log10(data_range^2 / mse)`` in float64, averaged over images by the callers.
+  The mse is clamped at 1e-12, so identical images give 10 log10(data_range^2 / 1e-12) (120 dB for
+  data_range 1) rather than inf, and means over images stay finite; otherwise the figure of
+  ``skimage.metrics.peak_signal_noise_ratio`` (tests/test_vae_metrics.py: within 1e-4 dB).
 - SSIM (Wang et al. 2004) with an 11 x 11 Gaussian window (sigma 1.5), K1 = 0.01, K2 = 0.03,
   population statistics, averaged over the positions where the window fits ('valid') and over
   channels: the figures of ``skimage.metrics.structural_similarity(gaussian_weights=True,
-  sigma=1.5, use_sample_covariance=False, data_range=1)``. Images smaller than 11 pixels use the
-  largest odd window that fits, with sigma scaled by window / 11.
-- LPIPS (v0.1, VGG16) and rFID only from weight files the user provides (nothing is downloaded):
-  :class:`LPIPS` needs torchvision's VGG16 ImageNet weights and the lpips package's linear layers;
-  :class:`InceptionFeatures` needs torchvision's Inception-v3 ImageNet weights (rFID here uses
-  torchvision's Inception, so figures are close to but not identical with the TF-Inception FID
-  of papers; with fewer test images than the 2048 feature dimensions the covariances are
-  singular and rFID is only a rough figure).
+  sigma=1.5, use_sample_covariance=False, data_range=1, channel_axis=0)`` (tested within 1e-4).
+  Images smaller than 11 pixels use the largest odd window that fits, with sigma scaled by
+  window / 11 (skimage's figure with ``sigma=1.5 * window / 11``). SSIM of identical images is 1.
+- LPIPS (v0.1, VGG16 by default, or AlexNet): :class:`LPIPS`. Which code runs: the ``lpips``
+  package's own ``lpips.LPIPS`` when that package is installed (``pip install 'recurvit[lpips]'``,
+  it is also in the ``dev`` extra), else the hand-written copy here (same layers, scaling, unit
+  normalisation and spatial mean; ``impl=`` forces one, ``LPIPS.impl`` says which ran). Both agree
+  within 1e-6 on the same weights (bit-identical on CPU; tests/test_vae_metrics.py). Either way nothing is downloaded: the
+  backbone comes from a local torchvision ImageNet file the user gives (``vgg16-397923af.pth``),
+  the linear layers from the user's file or, when none is given, the file in the lpips wheel
+  (``lpips/weights/v0.1/vgg.pth``); without the package that file must be given. Inputs in
+  [-1, 1], as in the lpips package. Images need at least 16 x 16 pixels (VGG16) or 31 x 31 (AlexNet).
+- rFID only from a weight file the user provides: :class:`InceptionFeatures` needs torchvision's
+  Inception-v3 ImageNet weights (rFID here uses torchvision's Inception, so figures are close to
+  but not identical with the TF-Inception FID of papers; with fewer test images than the 2048
+  feature dimensions the covariances are singular and rFID is only a rough figure).
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 from typing import Optional
 
@@ -26,7 +38,7 @@ import torch.nn.functional as F
 from ..errors import UserError
 
 VGG_FILE = "vgg16-397923af.pth"
-LPIPS_FILE = "vgg.pth (weights/v0.1/vgg.pth of the lpips package)"
+ALEX_FILE = "alexnet-owt-7be5be79.pth"
 INCEPTION_FILE = "inception_v3_google-0cc3c7bd.pth"
 
 
@@ -36,7 +48,7 @@ def to_unit(x: torch.Tensor) -> torch.Tensor:
 
 
 def psnr(x: torch.Tensor, y: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
-    """Per-image PSNR in dB: (B,)."""
+    """Per-image PSNR in dB: (B,); identical images give the cap 10 log10(data_range^2 / 1e-12)."""
     mse = (x.double() - y.double()).pow(2).flatten(1).mean(1)
     return (10.0 * torch.log10(data_range ** 2 / mse.clamp_min(1e-12))).float()
 
@@ -110,52 +122,137 @@ def _load_into(module: nn.Module, state: dict, path: Path, what: str, expected: 
     module.load_state_dict({k: state[k] for k in own}, strict=True)
 
 
-class LPIPS(nn.Module):
-    """LPIPS v0.1 with the VGG16 backbone (Zhang et al. 2018): inputs in [-1, 1], output (B,).
+_NETS = {  # net -> (torchvision file, ReLU indices in .features that LPIPS reads, their channels, min image side)
+    "vgg": (VGG_FILE, (3, 8, 15, 22, 29), (64, 128, 256, 512, 512), 16),  # relu1_2 .. relu5_3
+    "alex": (ALEX_FILE, (1, 4, 7, 9, 11), (64, 192, 384, 256, 256), 31),  # relu1 .. relu5
+}
+_NET_NAMES = {"vgg": "VGG16", "alex": "AlexNet"}
 
-    ``vgg_weights``: torchvision's ``vgg16-397923af.pth`` (only ``features.*`` is used);
-    ``lpips_weights``: the lpips package's ``weights/v0.1/vgg.pth`` (``lin0..lin4.model.1.weight``).
+
+def lpips_package_available() -> bool:
+    """Whether the ``lpips`` package (``pip install recurvit[lpips]``) can be imported."""
+    try:
+        import lpips  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def lpips_package_weights(net: str = "vgg") -> Optional[Path]:
+    """The linear-layer file that ships in the lpips wheel (``lpips/weights/v0.1/{net}.pth``), or None."""
+    if not lpips_package_available():
+        return None
+    import lpips
+
+    p = Path(lpips.__file__).parent / "weights" / "v0.1" / f"{net}.pth"
+    return p if p.is_file() else None
+
+
+def _torchvision_features(net: str) -> nn.Sequential:
+    """torchvision's VGG16 / AlexNet ``.features`` up to the last ReLU LPIPS reads (random init)."""
+    if net == "vgg":
+        from torchvision.models.vgg import cfgs, make_layers  # .features alone: no 100M-weight classifier
+
+        return make_layers(cfgs["D"])[: _NETS[net][1][-1] + 1]
+    from torchvision.models import alexnet
+
+    return alexnet(weights=None).features[: _NETS[net][1][-1] + 1]
+
+
+class LPIPS(nn.Module):
+    """LPIPS v0.1 (Zhang et al. 2018) with the VGG16 (default) or AlexNet backbone: inputs in
+    [-1, 1] (the lpips package's convention; ``lpips(x, y, normalize=True)`` there takes [0, 1]),
+    (B, 3 or 1, H, W), grayscale repeated to RGB; output (B,). A fixed metric: no parameter needs a
+    gradient and it stays in eval mode (the package's dropout never runs), inputs get gradients.
+
+    ``backbone_weights``: torchvision's ImageNet file, ``vgg16-397923af.pth`` /
+    ``alexnet-owt-7be5be79.pth`` (only ``features.*`` is used), always a local file, required.
+    ``lpips_weights``: the linear layers, the lpips package's ``weights/v0.1/{vgg,alex}.pth``
+    (``lin0..lin4.model.1.weight``); when None, the file in the installed lpips wheel; required
+    when the package is not installed. ``impl``: ``"auto"`` (default) runs the lpips package's
+    ``lpips.LPIPS`` (built with ``pnet_rand=True``, backbone then loaded from the local file) when
+    it is installed and the hand-written network here otherwise; ``"lpips"`` / ``"recurvit"``
+    force one. ``self.impl`` says which runs; both give the same figures (tests/test_vae_metrics.py).
     ``flags`` name the options that give the two files, for error messages.
     """
 
-    LAYERS = (3, 8, 15, 22, 29)  # relu1_2, relu2_2, relu3_3, relu4_3, relu5_3
-    CHANNELS = (64, 128, 256, 512, 512)
-
-    def __init__(self, vgg_weights: Optional[str], lpips_weights: Optional[str],
-                 flags: tuple = ("--vgg-weights", "--lpips-weights")):
+    def __init__(self, backbone_weights: Optional[str], lpips_weights: Optional[str] = None,
+                 flags: tuple = ("--vgg-weights", "--lpips-weights"), net: str = "vgg", impl: str = "auto"):
         super().__init__()
-        from torchvision.models import vgg16
+        if net not in _NETS:
+            raise UserError(f"LPIPS: net={net!r}; choose vgg or alex")
+        if impl not in ("auto", "lpips", "recurvit"):
+            raise UserError(f"LPIPS: impl={impl!r}; choose auto, lpips or recurvit")
+        have_pkg = lpips_package_available()
+        if impl == "lpips" and not have_pkg:
+            raise UserError("LPIPS: impl=lpips needs the lpips package (pip install 'recurvit[lpips]')")
+        self.impl = "lpips" if impl == "lpips" or (impl == "auto" and have_pkg) else "recurvit"
+        self.net = net
+        file, self.layers, channels, self.min_side = _NETS[net]
+        name = _NET_NAMES[net]
 
-        vgg_path = _need_file(vgg_weights, "LPIPS", f"torchvision VGG16 ImageNet weights, {VGG_FILE}", flags[0])
-        lin_path = _need_file(lpips_weights, "LPIPS", f"LPIPS linear layers, {LPIPS_FILE}", flags[1])
-        features = vgg16(weights=None).features[: self.LAYERS[-1] + 1]
-        vgg_state = {k[len("features."):]: v for k, v in _load_state(vgg_path, "LPIPS").items()
-                     if k.startswith("features.")}
-        _load_into(features, vgg_state, vgg_path, "LPIPS", f"torchvision's VGG16 ({VGG_FILE})")
-        self.features = features.eval().requires_grad_(False)
+        bb_path = _need_file(backbone_weights, "LPIPS", f"torchvision {name} ImageNet weights, {file}", flags[0])
+        if lpips_weights is None and lpips_package_weights(net) is not None:
+            lin_path = lpips_package_weights(net)
+        else:
+            lin_path = _need_file(lpips_weights, "LPIPS",
+                                  f"LPIPS linear layers, weights/v0.1/{net}.pth of the lpips package, "
+                                  f"or install it: pip install 'recurvit[lpips]'", flags[1])
+        bb_state = {k[len("features."):]: v for k, v in _load_state(bb_path, "LPIPS").items()
+                    if k.startswith("features.")}
         lin_state = _load_state(lin_path, "LPIPS")
-        self.lins = nn.ModuleList(nn.Conv2d(c, 1, 1, bias=False) for c in self.CHANNELS)
-        try:
-            for i, lin in enumerate(self.lins):
-                lin.weight.data.copy_(lin_state[f"lin{i}.model.1.weight"])
-        except (KeyError, RuntimeError):
-            raise UserError(f"LPIPS: {lin_path} is not the lpips v0.1 VGG file (expected keys lin0..lin4.model.1.weight)") from None
-        self.lins.requires_grad_(False)
-        self.register_buffer("shift", torch.tensor([-0.030, -0.088, -0.188]).view(1, 3, 1, 1))
-        self.register_buffer("scale", torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1))
+        lin_keys = {f"{i}.weight": f"lin{i}.model.1.weight" for i in range(len(channels))}
+        lin_state = {k: lin_state[v] for k, v in lin_keys.items() if v in lin_state}
+        lin_expected = f"the lpips v0.1 {name} file (lin0..lin4.model.1.weight)"
+
+        if self.impl == "lpips":
+            import warnings
+
+            import lpips
+
+            with warnings.catch_warnings():  # torchvision's note on lpips' `pretrained=False`
+                warnings.simplefilter("ignore", UserWarning)
+                model = lpips.LPIPS(net=net, version="0.1", lpips=True, pretrained=False, pnet_rand=True,
+                                    verbose=False)
+            # the slices hold torchvision's .features modules under their own indices: a view with
+            # torchvision's key names ("0.weight" ...) loads the local backbone file into them
+            view = nn.Sequential(OrderedDict((k, m) for s in model.net.children() for k, m in s.named_children()))
+            _load_into(view, bb_state, bb_path, "LPIPS", f"torchvision's {name} ({file})")
+            lins = nn.ModuleList(lin.model[-1] for lin in model.lins)
+            _load_into(lins, lin_state, lin_path, "LPIPS", lin_expected)
+            self.model = model.eval().requires_grad_(False)
+        else:
+            features = _torchvision_features(net)
+            _load_into(features, bb_state, bb_path, "LPIPS", f"torchvision's {name} ({file})")
+            self.features = features.eval().requires_grad_(False)
+            self.lins = nn.ModuleList(nn.Conv2d(c, 1, 1, bias=False) for c in channels)
+            _load_into(self.lins, lin_state, lin_path, "LPIPS", lin_expected)
+            self.lins.requires_grad_(False)
+            self.register_buffer("shift", torch.tensor([-0.030, -0.088, -0.188]).view(1, 3, 1, 1))
+            self.register_buffer("scale", torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1))
+
+    def train(self, mode: bool = True) -> "LPIPS":
+        return super().train(False)  # a fixed metric: no dropout, ever
 
     def _feats(self, x: torch.Tensor):
-        if x.shape[1] == 1:
-            x = x.expand(-1, 3, -1, -1)
         h = (x - self.shift) / self.scale
         out = []
         for i, layer in enumerate(self.features):
             h = layer(h)
-            if i in self.LAYERS:
+            if i in self.layers:
                 out.append(h / (h.pow(2).sum(1, keepdim=True).sqrt() + 1e-10))
         return out
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if min(x.shape[-2:]) < self.min_side:
+            raise UserError(f"LPIPS with the {_NET_NAMES[self.net]} backbone needs images of at least "
+                            f"{self.min_side} x {self.min_side} pixels (got {x.shape[-2]} x {x.shape[-1]})")
+        if x.shape[1] == 1:
+            x = x.expand(-1, 3, -1, -1)
+        if y.shape[1] == 1:
+            y = y.expand(-1, 3, -1, -1)
+        if self.impl == "lpips":
+            return self.model(x, y).flatten()
         fx, fy = self._feats(x), self._feats(y)
         return sum(lin((a - b).pow(2)).mean((1, 2, 3)) for lin, a, b in zip(self.lins, fx, fy))
 
@@ -202,4 +299,5 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(((mu1 - mu2) ** 2).sum() + np.trace(s1) + np.trace(s2) - 2 * np.trace(covmean))
 
 
-__all__ = ["psnr", "ssim", "out_of_range", "to_unit", "LPIPS", "InceptionFeatures", "frechet_distance"]
+__all__ = ["psnr", "ssim", "out_of_range", "to_unit", "LPIPS", "lpips_package_available", "lpips_package_weights",
+           "InceptionFeatures", "frechet_distance"]
