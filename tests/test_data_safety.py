@@ -10,8 +10,11 @@ import sys
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 from test_data import _write_cifar
+from torch.utils.data import DataLoader
 
 from recurvit.config import DataConfig
 from recurvit.data import build_datasets
@@ -159,3 +162,109 @@ def test_member_problem_allows_ordinary_members(tmp_path):
     inside.type, inside.linkname = tarfile.SYMTYPE, "../a/b.bin"
     for m in (file, folder, inside):
         assert member_problem(m, {"a/l"}, str(tmp_path)) is None
+
+
+# ---------------------------------------------------------------------------------------- imagefolder
+
+
+def _png_bytes(seed: int, size: tuple[int, int] = (10, 14)) -> bytes:
+    buf = io.BytesIO()
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _bad_bytes(kind: str) -> bytes:
+    good = _png_bytes(99)
+    if kind == "text":  # a text file named .png
+        return b"this is not an image\n"
+    if kind == "truncated":
+        return good[: len(good) // 2]
+    if kind == "corrupt":  # bytes flipped inside the pixel data: the IDAT checksum no longer matches
+        raw = bytearray(good)
+        raw[good.index(b"IDAT") + 20] ^= 0xFF
+        return bytes(raw)
+    raise ValueError(kind)
+
+
+def _folder_with_bad(root: Path, bad: dict[str, str]) -> dict[str, Path]:
+    """train/{cat,dog}/0..2.png and val/{cat,dog}/0..1.png, plus `bad` {relative path: kind}."""
+    seed = 0
+    for split, n in (("train", 3), ("val", 2)):
+        for cls in ("cat", "dog"):
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                seed += 1
+                (root / split / cls / f"{i}.png").write_bytes(_png_bytes(seed))
+    paths = {}
+    for rel, kind in bad.items():
+        (root / rel).write_bytes(_bad_bytes(kind))
+        paths[kind] = root / rel
+    return paths
+
+
+@pytest.mark.parametrize("kind", ["text", "truncated", "corrupt"])
+def test_unreadable_image_is_one_line_naming_the_file(tmp_path, kind):
+    path = _folder_with_bad(tmp_path, {"train/dog/bad.png": kind})[kind]
+    train, _, _ = build_datasets(DataConfig(name="imagefolder", root=str(tmp_path), img_size=8))
+    index = [p for p, _ in train.samples].index(str(path))
+    train[index - 1]  # the good ones still load
+    with pytest.raises(UserError) as err:
+        train[index]
+    msg = str(err.value)
+    assert "\n" not in msg and str(path) in msg and "data.skip_bad_images=true" in msg, msg
+
+
+def test_unreadable_image_in_a_dataloader_worker_stays_one_line(tmp_path):
+    path = _folder_with_bad(tmp_path, {"val/cat/bad.png": "text"})["text"]
+    _, test, _ = build_datasets(DataConfig(name="imagefolder", root=str(tmp_path), img_size=8))
+    loader = DataLoader(test, batch_size=2, num_workers=2)
+    with pytest.raises(UserError) as err:
+        list(loader)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"cannot read image {path} "), msg
+
+
+@pytest.mark.parametrize("kind,workers", [("corrupt", 0), ("text", 0), ("truncated", 2)])
+def test_unreadable_image_cli_exit_2_one_line(tmp_path, kind, workers):
+    path = _folder_with_bad(tmp_path / "data", {"train/cat/bad.png": kind})[kind]
+    r = _cli("train", "data.name=imagefolder", f"data.root={tmp_path / 'data'}", "data.img_size=8",
+             f"data.num_workers={workers}", *FAST, "--out", str(tmp_path / "run"), cwd=tmp_path)
+    _one_line_error(r, f"cannot read image {path}", "data.skip_bad_images=true")
+
+
+def test_skip_bad_images_leaves_them_out_and_reports_the_count(tmp_path):
+    bad = {"train/cat/a.png": "text", "train/dog/b.png": "truncated", "val/dog/c.png": "corrupt"}
+    paths = _folder_with_bad(tmp_path, bad)
+    notes: list[str] = []
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), img_size=8, skip_bad_images=True)
+    train, test, info = build_datasets(cfg, log=notes.append)
+    assert sorted(train.skipped) == sorted(str(paths[k]) for k in ("text", "truncated"))
+    assert test.skipped == [str(paths["corrupt"])]
+    assert (len(train), len(test)) == (6, 4) and len(train.targets) == len(train.imgs) == 6
+    assert info.skipped_images == 3 and info.num_classes == 2
+    assert len(notes) == 1 and "left out 3 unreadable image(s)" in notes[0] and list(info.notes) == notes
+    for ds in (train, test):
+        for i in range(len(ds)):
+            assert ds[i][0].shape == (3, 8, 8)
+    # without the option nothing is checked up front: same files, lazy error when read
+    _, _, plain = build_datasets(DataConfig(name="imagefolder", root=str(tmp_path), img_size=8))
+    assert plain.skipped_images == 0 and plain.notes == ()
+
+
+def test_skip_bad_images_with_nothing_readable_left(tmp_path):
+    _folder_with_bad(tmp_path, {})
+    for p in (tmp_path / "val").rglob("*.png"):
+        p.write_bytes(b"text")
+    with pytest.raises(UserError, match=r"none of the 4 images in .*val can be read"):
+        build_datasets(DataConfig(name="imagefolder", root=str(tmp_path), img_size=8, skip_bad_images=True))
+
+
+def test_skip_bad_images_cli_trains_and_prints_the_count(tmp_path):
+    _folder_with_bad(tmp_path / "data", {"train/cat/a.png": "text", "train/dog/b.png": "corrupt"})
+    r = _cli("train", "data.name=imagefolder", f"data.root={tmp_path / 'data'}", "data.img_size=8",
+             "data.skip_bad_images=true", "data.num_workers=2", *FAST, "--out", str(tmp_path / "run"),
+             cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "left out 2 unreadable image(s)" in r.stdout + r.stderr
+    assert (tmp_path / "run" / "last.pt").is_file()

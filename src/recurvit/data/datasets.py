@@ -6,6 +6,7 @@ per-item transform only does cheap tensor ops. Missing or malformed data raise a
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import pickle
 import zlib
@@ -21,9 +22,12 @@ from torchvision import datasets as tvd
 from ..errors import UserError
 from . import transforms as T
 from .archives import safe_extract_tar
+from .images import CheckedImageFolder
 
 if TYPE_CHECKING:
     from ..config import DataConfig
+
+logger = logging.getLogger("recurvit.data")
 
 DATASETS: tuple[str, ...] = ("digits", "fashion_mnist", "cifar10", "cifar100", "imagefolder", "synthetic")
 
@@ -60,6 +64,8 @@ class DatasetInfo:
     num_classes: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    skipped_images: int = 0  # imagefolder, data.skip_bad_images=true: unreadable images left out
+    notes: tuple[str, ...] = ()  # one-line remarks for the run's log (build_datasets logs them too)
 
 
 @dataclass(frozen=True)
@@ -305,24 +311,45 @@ def _image_folder(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
     padding, hflip = _augment_options(cfg, size)
     train_tf = T.folder_train_transform(size, mean, std, padding, hflip, bool(cfg.randaugment))
     test_tf = T.folder_test_transform(size, mean, std)
+    skip = bool(cfg.skip_bad_images)
     try:
-        train = tvd.ImageFolder(dirs["train"], transform=train_tf)
-        test = tvd.ImageFolder(dirs["val"], transform=test_tf)
+        train = CheckedImageFolder(dirs["train"], transform=train_tf, skip_bad=skip)
+        test = CheckedImageFolder(dirs["val"], transform=test_tf, skip_bad=skip)
     except (FileNotFoundError, OSError) as e:
         raise UserError(f"imagefolder under {root}: {str(e).splitlines()[0]}") from None
+    for split, ds in (("train", train), ("val", test)):
+        if ds.skipped and len(ds) == 0:
+            raise UserError(f"imagefolder: none of the {len(ds.skipped)} images in {dirs[split]} can be read")
     if train.classes != test.classes:
         raise UserError(
             f"imagefolder: {dirs['train']} has {len(train.classes)} classes but {dirs['val']} has"
             f" {len(test.classes)} (or different names); they must match"
         )
-    return train, test, DatasetInfo(cfg.name, size, 3, len(train.classes), mean, std)
+    skipped = train.skipped + test.skipped
+    notes: tuple[str, ...] = ()
+    if skipped:
+        notes = (f"imagefolder: left out {len(skipped)} unreadable image(s) ({len(train.skipped)} train,"
+                 f" {len(test.skipped)} val; data.skip_bad_images=true), first {skipped[0]}",)
+    info = DatasetInfo(cfg.name, size, 3, len(train.classes), mean, std, len(skipped), notes)
+    return train, test, info
 
 
-def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
+def build_datasets(
+    cfg: DataConfig, log: Optional[Callable[[str], object]] = None
+) -> tuple[Dataset, Dataset, DatasetInfo]:
     """(train set with augmentation, test set without, info) for a DataConfig.
 
-    Items are (float32 CxHxW normalised tensor, int label).
+    Items are (float32 CxHxW normalised tensor, int label). `info.notes` (e.g. how many unreadable
+    images were left out) go to `log`, or without one to the "recurvit.data" logger as warnings
+    (printed on stderr when logging is not configured).
     """
+    train, test, info = _build(cfg)
+    for note in info.notes:
+        (log or logger.warning)(note)
+    return train, test, info
+
+
+def _build(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
     _check_cfg(cfg)
     name = cfg.name
     if name == "digits":
