@@ -268,3 +268,29 @@ def test_skip_bad_images_cli_trains_and_prints_the_count(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "left out 2 unreadable image(s)" in r.stdout + r.stderr
     assert (tmp_path / "run" / "last.pt").is_file()
+
+
+# ---------------------------------------------------------------------------------------- config values
+
+
+@pytest.mark.parametrize("key,value", [
+    ("num_workers", -1),
+    ("img_size", 0),
+    ("crop_padding", -2),
+    ("mixup_alpha", -0.5),
+    ("cutmix_alpha", float("nan")),
+    ("synthetic_size", 0),
+    ("synthetic_train", 0),
+])
+def test_bad_data_values_are_one_line_when_datasets_are_built(key, value):
+    with pytest.raises(UserError) as err:
+        build_datasets(DataConfig(name="synthetic", **{key: value}))
+    msg = str(err.value)
+    assert "\n" not in msg and f"data.{key}" in msg, msg
+
+
+def test_negative_num_workers_cli_exit_2_one_line(tmp_path):
+    out = tmp_path / "run"
+    r = _cli("train", "data.num_workers=-1", *FAST, "--out", str(out), cwd=tmp_path)
+    _one_line_error(r, "data.num_workers must be >= 0")
+    assert not out.exists() and not (tmp_path / "runs").exists()

@@ -252,12 +252,16 @@ def make_synthetic(
 
 
 def _check_cfg(cfg: DataConfig) -> None:
+    """Values torch or torchvision would reject later with a traceback: one line each, up front."""
     if cfg.name not in DATASETS:
         raise UserError(f"unknown data set data.name={cfg.name!r}; choose one of {', '.join(DATASETS)}")
+    if cfg.num_workers < 0:
+        raise UserError(f"data.num_workers must be >= 0 (0: load in the main process), got {cfg.num_workers}")
     if cfg.img_size is not None and cfg.img_size < 1:
         raise UserError(f"data.img_size must be a positive integer or null (got {cfg.img_size})")
     if cfg.crop_padding is not None and cfg.crop_padding < 0:
         raise UserError(f"data.crop_padding must be >= 0 (got {cfg.crop_padding})")
+    T.check_mix_alphas(cfg)
     if cfg.name == "synthetic":
         sizes = {k: getattr(cfg, f"synthetic_{k}") for k in ("train", "test", "classes", "size", "chans")}
         bad = [f"data.synthetic_{k}={v}" for k, v in sizes.items() if v < 1]

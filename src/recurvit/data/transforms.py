@@ -1,6 +1,7 @@
 """Per-item and per-batch transforms (torchvision.transforms.v2 on uint8 CxHxW tensors)."""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
@@ -92,14 +93,21 @@ def folder_test_transform(size: int, mean: Sequence[float], std: Sequence[float]
     return v2.Compose(steps + _normalize(mean, std))
 
 
+def check_mix_alphas(cfg: DataConfig) -> tuple[float, float]:
+    """(mixup_alpha, cutmix_alpha) as floats, or a UserError when one is negative or not finite."""
+    mixup, cutmix = float(cfg.mixup_alpha), float(cfg.cutmix_alpha)
+    for key, value in (("mixup_alpha", mixup), ("cutmix_alpha", cutmix)):
+        if not (math.isfinite(value) and value >= 0):
+            raise UserError(f"data.{key} must be a number >= 0 (0: off), got {value}")
+    return mixup, cutmix
+
+
 def build_batch_transform(cfg: DataConfig, num_classes: int) -> Optional[BatchTransform]:
     """MixUp and/or CutMix on a collated (images, int64 labels) batch -> (images, soft targets (B, num_classes)).
 
     Both alphas > 0: one of the two is picked at random per batch. Both 0: None (no batch transform).
     """
-    mixup, cutmix = float(cfg.mixup_alpha), float(cfg.cutmix_alpha)
-    if mixup < 0 or cutmix < 0:
-        raise UserError(f"data.mixup_alpha and data.cutmix_alpha must be >= 0 (got {mixup}, {cutmix})")
+    mixup, cutmix = check_mix_alphas(cfg)
     ops: list[v2.Transform] = []
     if mixup > 0:
         ops.append(v2.MixUp(alpha=mixup, num_classes=num_classes))
@@ -113,6 +121,7 @@ def build_batch_transform(cfg: DataConfig, num_classes: int) -> Optional[BatchTr
 __all__ = [
     "build_batch_transform",
     "channel_stats",
+    "check_mix_alphas",
     "tensor_train_transform",
     "tensor_test_transform",
     "folder_train_transform",
