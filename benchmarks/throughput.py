@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT.parent))  # run from a fresh clone without installin
 
 from recurvit import create_model  # noqa: E402
 from recurvit.analysis.accounting import measure_flops  # noqa: E402
-from recurvit.models.cores import compile_blocks, set_activation_checkpointing  # noqa: E402
+from recurvit.models.speed import compile_blocks, set_activation_checkpointing  # noqa: E402
 
 WIDTHS = {"tiny": (192, 3), "small": (384, 6), "base": (768, 12)}
 MEMORY_STEPS = (6, 12, 24, 48)

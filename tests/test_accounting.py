@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from recurvit.analysis.accounting import (account, analytic_flops, count_params, measure_flops,
-                                          peak_train_memory)
+from recurvit.analysis.accounting import account, analytic_flops, count_params, measure_flops
+from recurvit.analysis.memory import peak_train_memory
 from recurvit.analysis.matching import match
 from recurvit.errors import UserError
 from recurvit.models import ViTConfig, create_model

@@ -8,10 +8,11 @@ import torch
 from conftest import TINY
 from recurvit import create_model
 from recurvit.cli import main
-from recurvit.config import ModelConfig, RunConfig
 from recurvit.errors import UserError
 from recurvit.layers.lora import LoRALinear, add_lora, lora_layers, lora_parameters, merge_lora
-from recurvit.train.finetune import load_run, prepare, unroll_step_lora
+from recurvit.models.adapters import unroll_step_lora
+from recurvit.train.checkpoint import load_model_and_config as load_run
+from recurvit.train.finetune import prepare
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -112,9 +113,8 @@ def test_step_lora_uses_adapter_k_at_step_k_and_unrolls():
     with pytest.raises(ValueError, match="cannot hold"):
         merge_lora(copy.deepcopy(m))
     _randomize(m)
-    cfg = RunConfig(model=ModelConfig(name="bvit_tiny", steps=3, **TINY))
-    stack, stack_cfg = unroll_step_lora(m, cfg)
-    assert stack.cfg.core == "stack" and stack.cfg.depth == 3 and stack_cfg.model.core == "stack"
+    stack = unroll_step_lora(m)
+    assert stack.cfg.core == "stack" and stack.cfg.depth == 3
     with torch.no_grad():
         assert torch.allclose(stack.forward_steps(x), m.forward_steps(x), atol=1e-5)
 

@@ -8,8 +8,8 @@ import torch
 from torchdiffeq import odeint
 
 from recurvit.errors import UserError
-from recurvit.models import create_model
-from recurvit.models.ode import (FIXED_METHODS, METHODS, BlockField, ODECore, fixed_grid, integrate,
+from recurvit.models import ViTConfig, create_model
+from recurvit.models.cores.ode import (FIXED_METHODS, METHODS, BlockField, ODECore, fixed_grid, integrate,
                                  solver_stages)
 
 KW = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, num_heads=2, steps=4)
@@ -284,7 +284,7 @@ def test_dopri5_runs_and_reports_nfe():
 def test_unknown_method_and_field_raise():
     b = _bvit()
     with pytest.raises(ValueError, match="dopri5") as e:
-        ODECore(dataclasses.replace(b.cfg, core="ode", method="rk5"))
+        ODECore(ViTConfig.build(dataclasses.asdict(b.cfg), dict(core="ode", options=None, method="rk5")))
     assert "euler" in str(e.value) and "rk4" in str(e.value)
     with pytest.raises(UserError, match="explicit_adams"):
         create_model("bvit_tiny", core="ode", method="rk45", **KW)
@@ -297,5 +297,5 @@ def test_unknown_method_and_field_raise():
 
 def test_registry_example_builds():
     m = create_model("bvit_tiny", core="ode", field="state_subtracted", method="rk4", steps=6, t_end=6.0)
-    assert isinstance(m.core, ODECore) and m.core.kind == "ode" and m.core.recurrent
+    assert isinstance(m.core, ODECore) and m.core.name == "ode" and m.core.shares_blocks
     assert m.nominal_steps == 6 and m.core.step_size == 1.0 and len(m.blocks) == 1

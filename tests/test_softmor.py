@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from recurvit.analysis.accounting import count_params, measure_flops
 from recurvit.errors import UserError
 from recurvit.models import ViTConfig, create_model
-from recurvit.models.softmor import MAX_RECURSIONS, SoftMoRCore, router_params
+from recurvit.models.cores.softmor import MAX_RECURSIONS, SoftMoRCore, router_params
 
 SMALL = dict(img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, num_heads=2, depth=3)
 LAYOUTS = ("inplace", "cycle")
@@ -91,7 +91,7 @@ def test_one_recursion_is_exactly_the_vit(layout):
 def test_forward_steps_equal_truncated_forwards(layout, r, nominal):
     m = _srvit(r, layout)
     x = _x()
-    assert m.nominal_steps == m.core.max_steps == nominal
+    assert m.nominal_steps == m.core.limit == nominal
     with torch.no_grad():
         all_steps = m.forward_steps(x)
         assert all_steps.shape == (nominal, 2, 10)
@@ -209,7 +209,7 @@ def test_block_uses_and_nfe(layout):
 # ----------------------------------------------------------------------------- validation
 def test_presets_and_overrides():
     m = create_model("srvit_tiny", **SMALL)
-    assert isinstance(m.core, SoftMoRCore) and m.core.kind == "softmor"
+    assert isinstance(m.core, SoftMoRCore) and m.core.name == "softmor"
     assert m.core.recursions == 2 and m.core.layout == "inplace" and m.nominal_steps == SMALL["depth"]
     c = create_model("srvit_tiny", recursions=MAX_RECURSIONS, layout="cycle", **SMALL)
     assert c.core.recursions == 4 and c.nominal_steps == 4
@@ -225,4 +225,4 @@ def test_invalid_options_are_user_errors(bad):
         create_model("srvit_tiny", **{**SMALL, **bad})
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError):
-        SoftMoRCore(ViTConfig(core="softmor", **{**SMALL, **bad}))
+        SoftMoRCore(ViTConfig.build({}, {"core": "softmor", **SMALL, **bad}))

@@ -7,13 +7,15 @@ import torch
 import torch.nn.functional as F
 
 from recurvit import create_model, list_models, model_config
-from recurvit.analysis.accounting import measure_flops, saved_tensor_bytes
+from recurvit.analysis.accounting import measure_flops
+from recurvit.analysis.memory import saved_tensor_bytes
 from recurvit.config import TrainConfig, load_config
-from recurvit.models import cores
-from recurvit.models.cores import (activation_checkpointing, compile_available, compile_blocks,
+from recurvit.models import speed as cores
+from recurvit.models.speed import (activation_checkpointing, compile_available, compile_blocks,
                                    set_activation_checkpointing)
 from recurvit.models.vit import ViTConfig
-from recurvit.train.loop import autocast, train
+from recurvit.train.loop import train
+from recurvit.train.runtime import autocast
 from recurvit.train.optim import build_optimizer
 
 from conftest import TINY

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from recurvit.analysis.study import load_study, run_study, write_report
+from recurvit.study import load_study, run_study, write_report
 from recurvit.cli import main
 from recurvit.errors import UserError
 
@@ -89,4 +89,4 @@ def test_mixture_command_on_a_softmor_run(tmp_path, capsys):
                  "--out", str(bvit)]) == 0
     capsys.readouterr()
     assert main(["mixture", str(bvit)]) == 2
-    assert "SoftMoR models only" in capsys.readouterr().err
+    assert "cores that mix steps" in capsys.readouterr().err

@@ -1,18 +1,41 @@
 """recurvit: recurrent-depth vision transformers.
 
-Public API: ``create_model``, ``list_models``, ``load_model`` and the config dataclasses.
+Public API: ``create_model``, ``list_models``, ``model_config``, ``load_model`` and the run config
+dataclasses. Attributes are imported on first use (PEP 562), so ``import recurvit`` and the
+command line's ``--help`` do not pay for importing torch.
 """
-from .config import DataConfig, ModelConfig, RunConfig, TrainConfig, load_config
-from .models import create_model, list_models, model_config
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("recurvit")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
+
+_LAZY = {
+    "create_model": "recurvit.models", "list_models": "recurvit.models", "model_config": "recurvit.models",
+    "load_config": "recurvit.config", "ModelConfig": "recurvit.config", "DataConfig": "recurvit.config",
+    "TrainConfig": "recurvit.config", "RunConfig": "recurvit.config",
+}
+__all__ = ["create_model", "list_models", "load_model", "model_config", "load_config",
+           "ModelConfig", "DataConfig", "TrainConfig", "RunConfig", "__version__"]
 
 
-def load_model(path, map_location="cpu"):
-    """Model from a run directory or checkpoint file, with its trained weights, in eval mode."""
+def load_model(path, map_location="cpu", **overrides):
+    """Model from a run directory or checkpoint file, with its trained weights, in eval mode.
+    ``overrides`` are core options to run it with (e.g. ``method="rk4"`` for an ODE run)."""
     from .train.checkpoint import load_model as _load
 
-    return _load(path, map_location=map_location)
+    return _load(path, map_location=map_location, **overrides)
 
 
-__version__ = "0.1.0"
-__all__ = ["create_model", "list_models", "load_model", "model_config", "load_config",
-           "ModelConfig", "DataConfig", "TrainConfig", "RunConfig"]
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'recurvit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -5,9 +5,9 @@ written into every run directory and is what `recurvit train --resume` reads bac
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -17,38 +17,29 @@ from .errors import UserError
 
 @dataclass
 class ModelConfig:
+    """The model of a run: a registry preset and what differs from it. ``options`` holds the
+    core's own options (see the core's Options in recurvit/models/cores/); in YAML and overrides
+    they may also be written flat (``model.method: rk4`` is ``model.options.method: rk4``)."""
+
     name: str = "bvit_tiny"  # registry preset; every other field left None takes the preset's value
     img_size: Optional[int] = None  # None: follow the data set
     patch_size: Optional[int] = None  # None: preset value
     in_chans: Optional[int] = None  # None: follow the data set
     num_classes: Optional[int] = None  # None: follow the data set
     embed_dim: Optional[int] = None  # width
-    depth: Optional[int] = None  # independent blocks (1 for recurrent cores)
+    depth: Optional[int] = None  # blocks stored (1 for a core with one shared block)
     num_heads: Optional[int] = None
     mlp_ratio: Optional[float] = None
-    steps: Optional[int] = None  # recurrent: block applications at the trained depth
-    core: Optional[str] = None  # stack | recurrent | ode | softmor
-    step_cond: Optional[str] = None  # none | embed | scale | adaln (recurrent/ode)
-    reinject: Optional[bool] = None  # add the embedded input back before every step
+    steps: Optional[int] = None  # block-application steps at the trained depth
+    core: Optional[str] = None  # stack | recurrent | ode | softmor (models/cores/)
     global_pool: Optional[str] = None  # token (class token) | avg
     class_token: Optional[bool] = None
     qkv_bias: Optional[bool] = None
     init_values: Optional[float] = None  # LayerScale init; None/0 disables
     drop_rate: Optional[float] = None  # dropout before the head
     drop_path: Optional[float] = None  # stochastic depth rate
-    # ODE core (issue 3)
-    field: Optional[str] = None  # state_subtracted | black_box
-    method: Optional[str] = None  # euler | midpoint | heun3 | rk4 | dopri5 | ...
-    t_end: Optional[float] = None
-    rtol: Optional[float] = None
-    atol: Optional[float] = None
-    adjoint: Optional[bool] = None
-    time_cond: Optional[bool] = None
-    # SoftMoR core (issue 5)
-    recursions: Optional[int] = None
-    layout: Optional[str] = None  # inplace | cycle
-    # deep supervision: number of per-stage heads (0: one shared head)
-    stage_heads: Optional[int] = None
+    stage_heads: Optional[int] = None  # deep supervision: number of per-stage heads (0: one shared head)
+    options: Dict[str, Any] = field(default_factory=dict)  # the core's options (method, recursions, ...)
 
 
 @dataclass
@@ -127,6 +118,38 @@ def _fail(exc: Exception, where: str) -> UserError:
     return UserError(f"bad config ({where}): {msg}")
 
 
+def _option_keys(schema: type) -> Optional[set]:
+    """Field names of ``schema.model`` when it nests core options under ``options`` (else None)."""
+    model = next((f for f in fields(schema) if f.name == "model"), None) if is_dataclass(schema) else None
+    model_cls = model.default_factory if model is not None and callable(model.default_factory) else None
+    names = {f.name for f in fields(model_cls)} if model_cls is not None and is_dataclass(model_cls) else set()
+    return names if "options" in names else None
+
+
+def nest_options(raw: Any, schema: type = RunConfig) -> Any:
+    """A plain config mapping with flat core options under ``model`` moved to ``model.options``
+    (None values dropped: they mean "not set"). Other schemas pass through unchanged."""
+    known = _option_keys(schema)
+    if known is None or not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
+        return raw
+    model = dict(raw["model"])
+    opts = dict(model.pop("options", None) or {})
+    for key in [k for k in model if k not in known]:
+        value = model.pop(key)
+        if value is not None:
+            opts[key] = value
+    return {**raw, "model": {**model, "options": opts}}
+
+
+def _nest_override(item: str, schema: type) -> str:
+    known = _option_keys(schema)
+    key, sep, value = item.partition("=")
+    if known is None or not sep or not key.startswith("model.") or key.count(".") != 1:
+        return item
+    name = key.split(".", 1)[1]
+    return item if name in known else f"model.options.{name}={value}"
+
+
 def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None,
                 schema: type = RunConfig) -> Any:
     """Defaults of ``schema`` <- YAML file <- dotted `key=value` overrides; returns a typed ``schema``."""
@@ -136,29 +159,32 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
         if not p.is_file():
             raise UserError(f"config file not found: {p}")
         try:
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(p))
+            raw = OmegaConf.to_container(OmegaConf.load(p))
+            cfg = OmegaConf.merge(cfg, nest_options(raw, schema))
         except Exception as e:  # OmegaConf type/key errors and YAML syntax errors
             raise _fail(e, str(p)) from None
-    return _merge_overrides(cfg, overrides)
+    return _merge_overrides(cfg, overrides, schema)
 
 
 def apply_overrides(cfg: Any, overrides: Optional[List[str]]) -> Any:
     """A typed config with dotted ``key=value`` overrides applied."""
-    return _merge_overrides(OmegaConf.structured(cfg), overrides) if overrides else cfg
+    return _merge_overrides(OmegaConf.structured(cfg), overrides, type(cfg)) if overrides else cfg
 
 
 def config_from_dict(d: dict, schema: type = RunConfig) -> Any:
-    """A typed ``schema`` from the plain dict stored in a checkpoint."""
+    """A typed ``schema`` from the plain dict stored in a checkpoint (flat core options of older
+    checkpoints are nested under ``model.options``)."""
     try:
-        return to_object(OmegaConf.merge(OmegaConf.structured(schema), d))
+        return to_object(OmegaConf.merge(OmegaConf.structured(schema), nest_options(d, schema)))
     except OmegaConfBaseException as e:
         raise _fail(e, "checkpoint") from None
 
 
-def _merge_overrides(cfg: Any, overrides: Optional[List[str]]) -> Any:
+def _merge_overrides(cfg: Any, overrides: Optional[List[str]], schema: type = RunConfig) -> Any:
     for ov in overrides or []:
         if "=" not in ov:
             raise UserError(f"override '{ov}' is not of the form key=value (e.g. train.epochs=5)")
+    overrides = [_nest_override(ov, schema) for ov in overrides or []]
     if overrides:
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))

@@ -17,7 +17,7 @@ Conventions (shared by every function here):
   counter uses for the CUDA kernels, so CPU and CUDA counts agree.
 - **Training FLOPs** are forward + backward of a cross-entropy loss, gradients taken with respect
   to every trainable parameter (not the input image, as in training).
-- **Training memory.** See :func:`peak_train_memory`: on CUDA the measured peak of the caching
+- **Training memory.** See :func:`~recurvit.analysis.memory.peak_train_memory`: on CUDA the measured peak of the caching
   allocator, on CPU the bytes of the tensors autograd saves for the backward pass.
 """
 from __future__ import annotations
@@ -66,20 +66,11 @@ def _blocks(model: nn.Module) -> Optional[nn.ModuleList]:
 
 
 def _default_block_uses(model: nn.Module) -> Optional[List[int]]:
-    """Applications of each block at the trained depth, where the config alone says so."""
+    """Applications of each block at the trained depth, where the core knows them from its config."""
     cfg = getattr(model, "cfg", None)
-    blocks = _blocks(model)
-    if cfg is None or blocks is None:
+    if getattr(cfg, "core", None) is None or _blocks(model) is None or not hasattr(cfg, "core_cls"):
         return None
-    if cfg.core == "stack":
-        return [1 if i < cfg.steps else 0 for i in range(len(blocks))]
-    if cfg.core == "recurrent":
-        return [cfg.steps] + [0] * (len(blocks) - 1)
-    if cfg.core == "softmor":
-        if cfg.layout == "inplace":  # the first `steps` blocks, each recursed r times
-            return [cfg.recursions if i < cfg.steps else 0 for i in range(len(blocks))]
-        return [cfg.steps] * len(blocks)  # cycle: the whole stack once per cycle
-    return None  # other cores: count them with measure_flops(...)["block_uses"]
+    return cfg.core_cls.block_uses(cfg)  # None: data-dependent (adaptive ODE): measure_flops counts them
 
 
 def count_params(model: nn.Module, block_uses: Optional[Sequence[int]] = None) -> Dict[str, Any]:
@@ -93,8 +84,8 @@ def count_params(model: nn.Module, block_uses: Optional[Sequence[int]] = None) -
     ``param_bytes_by_dtype`` ({"float32": bytes, ...}).
 
     ``block_uses[i]`` is how often ``model.blocks[i]`` runs in one forward pass. By default it is
-    read from the config for the stack (each block once) and recurrent (``steps`` times) cores;
-    for other cores pass the ``block_uses`` returned by :func:`measure_flops`, otherwise
+    asked of the model's core (``core_cls.block_uses(cfg)``); where it depends on the data
+    (adaptive ODE solvers) pass the ``block_uses`` returned by :func:`measure_flops`, otherwise
     ``params_effective`` is None.
     """
     unique = _unique_params(model)
@@ -251,14 +242,12 @@ def measure_flops(model: nn.Module, input_shape: InputShape, steps: Optional[int
 
 
 def block_applications(cfg: ViTConfig, steps: Optional[int] = None) -> int:
-    """Block evaluations in one forward pass, for the cores where the config determines it."""
-    steps = cfg.steps if steps is None else int(steps)
-    if cfg.core in ("stack", "recurrent"):
-        return steps
-    if cfg.core == "softmor":
-        return steps * (cfg.recursions if cfg.layout == "inplace" else cfg.depth)
-    raise ValueError(f"the number of block applications of a '{cfg.core}' core is not fixed by its config; "
-                     "pass applications= (e.g. measure_flops(...)['nfe'])")
+    """Block evaluations in one forward pass, as the core reports them from its config."""
+    n = cfg.core_cls.block_applications(cfg, steps)
+    if n is None:
+        raise ValueError(f"the block applications of this {cfg.core_cls.describe(cfg)} core depend on the data; "
+                         "pass applications= (e.g. measure_flops(...)['nfe'])")
+    return n
 
 
 def analytic_flops(cfg: ViTConfig, steps: Optional[int] = None, applications: Optional[int] = None) -> int:
@@ -268,9 +257,9 @@ def analytic_flops(cfg: ViTConfig, steps: Optional[int] = None, applications: Op
     patch embedding 2 N D C p^2; per block application qkv 2 T D 3D, attention scores and
     weighted sum 2 * 2 T^2 D (summed over heads), output projection 2 T D^2, MLP 2 * 2 T D M;
     the head 2 D classes (on the pooled token only). ``applications`` is the number of block
-    evaluations (default: ``steps``, for the stack and recurrent cores). Step conditioning and
-    re-injection add no matmul; matmuls of other cores (routers, time embeddings) are not
-    included.
+    evaluations (default: what the core reports for ``steps``). Step conditioning and
+    re-injection add no matmul; the core's own matmuls (a router's) are added as the core counts
+    them (``core_cls.own_flops``); an ODE time embedding runs once per batch, not per image.
     """
     n_apps = block_applications(cfg, steps) if applications is None else int(applications)
     D, T, N = cfg.embed_dim, cfg.num_patches + (1 if cfg.class_token else 0), cfg.num_patches
@@ -281,74 +270,7 @@ def analytic_flops(cfg: ViTConfig, steps: Optional[int] = None, applications: Op
     proj = 2 * T * D * D
     mlp = 2 * 2 * T * D * M
     head = 2 * D * cfg.num_classes
-    return patch + n_apps * (qkv + attention + proj + mlp) + head
-
-
-# --------------------------------------------------------------------------------------- memory
-def saved_tensor_bytes(model: nn.Module, batch: int, input_shape: InputShape,
-                       steps: Optional[int] = None) -> int:
-    """Bytes of the tensors autograd saves for the backward pass of one training forward.
-
-    Every tensor packed by autograd is recorded through ``torch.autograd.graph.saved_tensors_hooks``;
-    tensors sharing a storage (views: q, k, v of one qkv output) are counted once with the full
-    storage size; parameters, buffers and the input batch are excluded. This is the activation
-    memory that a training step holds at the end of its forward pass, where it peaks; it leaves
-    out short-lived temporaries and the parameter gradients. Under non-reentrant activation
-    checkpointing only each region's saved input is seen, which is what it keeps. Works on any
-    device.
-    """
-    device, dtype = _model_device_dtype(model)
-    x = torch.randn(batch, *input_shape, device=device, dtype=dtype)
-    excluded = {_storage_key_ptr(t) for t in [*model.parameters(), *model.buffers(), x]}
-    storages: Dict[Tuple[str, int], int] = {}
-    keep: List[torch.Tensor] = []  # holds the saved tensors so their addresses are not reused
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key_ptr(t)
-        if key is not None and key not in excluded and key not in storages:
-            storages[key] = t.untyped_storage().nbytes()
-            keep.append(t)
-        return t
-
-    with _mode(model, True), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = _forward(model, x, steps)
-    del out
-    return sum(storages.values())
-
-
-def _storage_key_ptr(t: torch.Tensor) -> Optional[Tuple[str, int]]:
-    try:
-        ptr = t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):
-        return None
-    return (str(t.device), ptr) if ptr else None
-
-
-def peak_train_memory(model: nn.Module, batch: int, input_shape: InputShape,
-                      device: Union[str, torch.device] = "cpu", steps: Optional[int] = None) -> int:
-    """Peak activation memory in bytes of one training step (forward + backward) at batch ``batch``.
-
-    The model is moved to ``device`` (in place, as ``nn.Module.to`` does).
-
-    - CUDA: ``torch.cuda.max_memory_allocated`` during the step minus the memory allocated before
-      it (model and input batch): activations saved for backward, temporaries and workspaces,
-      and the parameter gradients as they are produced.
-    - Other devices: :func:`saved_tensor_bytes`, the bytes autograd holds for the backward pass
-      at the end of the forward (activations only; no temporaries, no gradients).
-    """
-    device = torch.device(device)
-    model.to(device)
-    if device.type != "cuda":
-        return saved_tensor_bytes(model, batch, input_shape, steps)
-    _, dtype = _model_device_dtype(model)
-    x = torch.randn(batch, *input_shape, device=device, dtype=dtype)
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    with _mode(model, True):
-        _grads(model, _loss(_forward(model, x, steps)))
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - before
+    return patch + n_apps * (qkv + attention + proj + mlp) + head + (cfg.core_cls.own_flops(cfg, steps) or 0)
 
 
 # -------------------------------------------------------------------------------------- summary
@@ -384,8 +306,11 @@ def account(model_name_or_model: Union[str, nn.Module], batch: int = 8, device: 
     counts = count_params(model, block_uses=flops["block_uses"])
     steps = run_steps if run_steps is not None else (cfg.steps if cfg is not None else None)
     analytic: Optional[int] = None
-    if cfg is not None and cfg.core in ("stack", "recurrent", "softmor"):
+    if cfg is not None and hasattr(cfg, "core_cls") and cfg.core_cls.block_applications(cfg, steps) is not None:
         analytic = analytic_flops(cfg, steps)
+    if memory:
+        from .memory import peak_train_memory
+
     peak = peak_train_memory(model, batch, input_shape, device, steps=run_steps) if memory else None
     return {
         "model": name,

@@ -40,14 +40,22 @@ def horizon_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_
             "rel_change": (change / n).tolist()}
 
 
+FACTORS = (1, 2, 4, 8, 16)  # acc@kT reported for these k (when the sweep reaches k x T)
+
+
 def summarize(sweep: Dict[str, List[float]], trained: int) -> Dict[str, Optional[float]]:
-    """Nominal accuracy at T, at 2T and 4T (when reached), and the mean accuracy over steps T..4T."""
+    """Accuracy at k x T for k in FACTORS (None where the sweep stops earlier), the mean accuracy
+    over steps T..4T, and the best step."""
     acc = dict(zip(sweep["step"], sweep["accuracy"]))
     K = max(sweep["step"])
     window = [acc[k] for k in range(trained, min(4 * trained, K) + 1)]
-    return {"trained_steps": trained, "max_steps": K, "acc_T": acc.get(trained), "acc_2T": acc.get(2 * trained),
-            "acc_4T": acc.get(4 * trained), "acc_mean_T_4T": sum(window) / len(window) if window else None,
-            "best_step": max(acc, key=acc.get), "best_acc": max(acc.values())}
+    out: Dict[str, Optional[float]] = {"trained_steps": trained, "max_steps": K}
+    for k in FACTORS:
+        out[f"acc_{'' if k == 1 else k}T"] = acc.get(k * trained)
+    out["acc_mean_T_4T"] = sum(window) / len(window) if window else None
+    out["best_step"] = max(acc, key=acc.get)
+    out["best_acc"] = max(acc.values())
+    return out
 
 
 def write_csv(sweep: Dict[str, List[float]], path: Path) -> None:
@@ -59,17 +67,18 @@ def write_csv(sweep: Dict[str, List[float]], path: Path) -> None:
             w.writerow([row[0]] + [f"{v:.6g}" for v in row[1:]])
 
 
-def plot(curves: Dict[str, Dict[str, List[float]]], trained: int, path: Path, title: str = "") -> None:
+def plot(curves: Dict[str, Dict[str, List[float]]], trained: int, path: Path, title: str = "",
+         chance: Optional[float] = None) -> None:
     """Accuracy against steps for one or more labelled sweeps, with the training horizon marked."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    fig = Figure(figsize=(6, 3.6), dpi=120)
+    ax = fig.add_subplot()
     for label, sw in curves.items():
         ax.plot(sw["step"], sw["accuracy"], marker=".", ms=3, label=label)
     ax.axvline(trained, color="k", ls="--", lw=1, label=f"training horizon T={trained}")
+    if chance is not None:
+        ax.axhline(chance, color="grey", ls=":", lw=1, label=f"chance ({chance:.0%})")
     ax.set_xlabel("test-time steps")
     ax.set_ylabel("test accuracy")
     ax.set_ylim(0, 1.0)
@@ -79,4 +88,3 @@ def plot(curves: Dict[str, Dict[str, List[float]]], trained: int, path: Path, ti
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)

@@ -72,7 +72,6 @@ class StepProbe:
     def __init__(self, model: nn.Module, attention: bool = False, features: bool = False):
         self.model = model
         self.core = model.core
-        self.kind = self.core.kind
         self.attention = attention
         self.features = features
         self.step = 0
@@ -81,15 +80,7 @@ class StepProbe:
         self.attn_records: List[dict] = []  # one per call: step, block, entropy (H,), distance (H,)
         self.pooled: List[torch.Tensor] = []  # pre-logit features, one per readout
         self.interventions: List[Intervention] = []
-        self._t: Optional[float] = None
         self._handles: list = []
-        self._stages = None
-        self._h = None
-        if self.kind == "ode":
-            from ..models.ode import solver_stages
-
-            self._stages = solver_stages(self.core.method)
-            self._h = float(self.core.step_size)
         cfg = model.cfg
         self.prefix = int(model.num_prefix_tokens)
         self.grid = cfg.img_size // cfg.patch_size
@@ -106,17 +97,6 @@ class StepProbe:
         heads = [self.model.head] + list(self.model.stage_heads or [])
         for h in heads:
             self._handles.append(h.register_forward_pre_hook(self._head_pre))
-        if self.kind == "ode" and self._stages is None:
-            from torch.nn.modules.module import register_module_forward_pre_hook
-
-            from ..models.ode import BlockField
-
-            def field_pre(mod, args):
-                if isinstance(mod, BlockField):
-                    t = args[0]
-                    self._t = float(t.detach()) if torch.is_tensor(t) else float(t)
-
-            self._handles.append(register_module_forward_pre_hook(field_pre))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -124,19 +104,11 @@ class StepProbe:
             h.remove()
         self._handles = []
 
-    def _ode_step(self, call: int) -> int:
-        if self._stages is not None:
-            k = call // self._stages + 1
-        else:
-            k = math.floor((self._t or 0.0) / self._h + 1e-4) + 1
-        return min(max(k, 1), max(self.steps, 1))
-
     def _block_pre(self, i: int):
         def hook(mod, args):
             n = len(self.calls)
-            if self.kind == "ode":
-                self.step = self._ode_step(n)
-            self.calls.append(CallRecord(n, self.step, i, self._t if self.kind == "ode" else None))
+            self.step = self.core.step_of_call(n)  # the core knows which step a call belongs to
+            self.calls.append(CallRecord(n, self.step, i, self.core.current_time))
         return hook
 
     def _active(self, kind: str) -> List[Intervention]:
@@ -211,7 +183,6 @@ class StepProbe:
         """Run the core once on images x; returns [z_1, ..., z_K] (token states after each step)."""
         self.calls, self.attn_records, self.pooled = [], [], []
         self.steps = self.core.check_steps(steps)
-        self._t = None
         out: List[torch.Tensor] = []
         it = self.model.iter_states(x, self.steps)
         while True:
@@ -269,7 +240,8 @@ def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.
     hidden = model.blocks[0].mlp.fc1.out_features
     if S > hidden:
         raise ValueError(f"cannot cut {hidden} MLP hidden units into {S} slices")
-    res: dict = {"meta": {"core": model.core.kind, "steps": K, "nominal_steps": model.nominal_steps,
+    res: dict = {"meta": {"core": model.cfg.core, "runs_as": model.cfg.core_cls.describe(model.cfg),
+                         "shares_blocks": model.cfg.core_cls.shares_blocks, "steps": K, "nominal_steps": model.nominal_steps,
                           "heads": H, "mlp_slices": S, "mlp_hidden": hidden, "tokens": None,
                           "images": sum(len(y) for _, y in batches), "calls_per_step": None}}
     n = 0
@@ -483,7 +455,7 @@ def plot_all(res: dict, out, title: str = "") -> List[str]:
 
     written = []
     K = res["meta"]["steps"]
-    unit = "layer" if res["meta"]["core"] == "stack" else "step"
+    unit = "step" if res["meta"]["shares_blocks"] else "layer"
 
     def save(fig, name):
         if title:

@@ -23,8 +23,9 @@ matched parameter memory?", needs, for each model, a partner of the other kind u
 Each partner is returned as a preset name plus config overrides, so
 ``create_model(r["partner"]["name"], **r["partner"]["overrides"])`` builds it. Parameters are
 counted on the ``meta`` device (nothing is allocated); FLOPs are the closed form of
-:func:`~recurvit.analysis.accounting.analytic_flops` for the stack and recurrent cores and a counted
-forward pass for other cores.
+:func:`~recurvit.analysis.accounting.analytic_flops` where the core knows its block applications
+from its config, else a counted forward pass. Which core a model is matched with is the core's
+own ``partner`` (a stack pairs with a recurrence, every other core with a stack).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import UserError
-from ..models.registry import create_model, list_models, model_config, preset
+from ..models.registry import create_model, list_models, model_config
 from ..models.vit import ViTConfig
 from .accounting import analytic_flops, count_params, measure_flops
 
@@ -66,7 +67,7 @@ def _build(name: str, overrides: Overrides) -> nn.Module:
 @lru_cache(maxsize=4096)
 def _params_stored(name: str, overrides: Overrides) -> int:
     cfg = model_config(name, **dict(overrides))
-    if cfg.core == "stack" and cfg.depth > 1:
+    if not cfg.core_cls.shares_blocks and cfg.depth > 1:
         # a stack is linear in depth: embedding + readout + depth * block. Counting it from the
         # one-block model keeps wide and deep candidates free (no depth-L build).
         one, block = _stack_unit(name, overrides)
@@ -86,8 +87,9 @@ def _stack_unit(name: str, overrides: Overrides) -> Tuple[int, int]:
 def _forward_cost(name: str, overrides: Overrides) -> Tuple[int, int]:
     """(forward FLOPs per image, block applications per forward) at the trained steps."""
     cfg = model_config(name, **dict(overrides))
-    if cfg.core in ("stack", "recurrent"):
-        return analytic_flops(cfg), cfg.steps
+    applications = cfg.core_cls.block_applications(cfg)
+    if applications is not None:
+        return analytic_flops(cfg), applications
     model = _build(name, overrides)
     flops = measure_flops(model, (cfg.in_chans, cfg.img_size, cfg.img_size), train=False)
     uses = flops["block_uses"]
@@ -116,14 +118,13 @@ def describe(name: str, **overrides: Any) -> Dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ partners
 def _partner_preset(core: str, embed_dim: int) -> str:
-    """The registered preset of ``core`` to start a partner from: same width if one exists,
-    the conventional name (vit_* for stacks, bvit_* for recurrence) preferred."""
-    prefix = "vit_" if core == "stack" else "bvit_"
-    names = [n for n in list_models() if preset(n).get("core", "stack") == core]
+    """The registered preset of ``core`` to start a partner from: same width if one exists, then
+    the shortest name (the family's plain preset: vit_* before srvit_*), then the closest width."""
+    names = [n for n in list_models() if getattr(model_config(n), "core", None) == core]
     if not names:
         raise UserError(f"no registered preset has core '{core}'")
     cfg_dim = {n: model_config(n).embed_dim for n in names}
-    return min(names, key=lambda n: (cfg_dim[n] != embed_dim, not n.startswith(prefix), abs(cfg_dim[n] - embed_dim), n))
+    return min(names, key=lambda n: (cfg_dim[n] != embed_dim, len(n.split("_")[0]), abs(cfg_dim[n] - embed_dim), n))
 
 
 def _partner_overrides(cfg: ViTConfig, partner: str, embed_dim: int, num_heads: int,
@@ -229,8 +230,9 @@ def match(name: str, by: str = "flops", tol: float = 0.10, prefer: str = "depth"
     model = describe(name, **overrides)
     cfg = model_config(name, **model["overrides"])
     applications = model["block_applications"]
-    to_stack = cfg.core != "stack"
-    partner = _partner_preset("stack" if to_stack else "recurrent", cfg.embed_dim)
+    partner_core = cfg.core_cls.partner
+    to_stack = not model_config(_partner_preset(partner_core, cfg.embed_dim)).core_cls.shares_blocks
+    partner = _partner_preset(partner_core, cfg.embed_dim)
     depth_key = "depth" if to_stack else "steps"
 
     if by == "flops":

@@ -17,8 +17,9 @@ import torch.nn as nn
 def mixture_weights(model: nn.Module, loader: Iterable, device: torch.device, images: int = 4) -> Dict[str, torch.Tensor]:
     """``examples``: (images, units, N_patches, r) weights for the first images;
     ``mean``: (units, r) mean weight per unit and step over the whole loader (tokens averaged)."""
-    if getattr(model.cfg, "core", None) != "softmor":
-        raise ValueError(f"mixture weights exist for SoftMoR models only; this run has a {model.cfg.core} core")
+    if not hasattr(model.core, "last_weights"):
+        raise ValueError(f"mixture weights exist for cores that mix steps (SoftMoR); this run is "
+                         f"{model.cfg.core_cls.describe(model.cfg)}")
     model.eval()
     prefix = model.num_prefix_tokens
     total, n, examples = None, 0, []

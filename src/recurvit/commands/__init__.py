@@ -24,6 +24,11 @@ def parse_overrides(items: List[str]) -> Dict[str, object]:
     return out
 
 
+def add_device_arg(p) -> None:
+    """``--device``, with the one default rule of every command: CUDA when present, else the CPU."""
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N")
+
+
 def fmt_int(n) -> str:
     return "-" if n is None else f"{n:,}"
 

@@ -36,8 +36,8 @@ def run(args) -> int:
     from ..analysis.inspect import ANALYSES, analyze_model, summarize, write_outputs
     from ..data import build_datasets
     from ..errors import UserError
-    from ..train.finetune import load_run
-    from ..train.loop import pick_device
+    from ..train.checkpoint import load_model_and_config
+    from ..train.runtime import pick_device
 
     what = [w.strip() for w in args.what.split(",") if w.strip()]
     bad = [w for w in what if w not in ANALYSES]
@@ -47,7 +47,7 @@ def run(args) -> int:
         raise UserError(f"--images must be >= 1, got {args.images}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    model, cfg = load_run(args.run)
+    model, cfg = load_model_and_config(args.run)
     if args.data_root:
         cfg.data.root = args.data_root
     if args.steps is not None:

@@ -3,19 +3,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import print_json
+from . import add_device_arg, print_json
 
 
 def add_parser(sub):
     p = sub.add_parser("horizon", help="accuracy at every step up to K, beyond the training depth",
                        description="Writes horizon.csv (step, accuracy, loss, rel_change) and horizon.png into the "
                                    "run directory, in one pass of K block applications, and reports accuracy at "
-                                   "T, 2T, 4T and the mean over T..4T.")
-    p.add_argument("run", type=Path, help="run directory")
-    p.add_argument("--max-steps", type=int, help="K (default 4T; a stack or SoftMoR model stops at its depth)")
+                                   "T, 2T, 4T, 8T and 16T, the mean over T..4T and the data set's chance level.")
+    p.add_argument("run", type=Path, help="run directory or checkpoint file")
+    p.add_argument("--max-steps", type=int, metavar="K",
+                   help="steps to sweep (default 16T; a stack or SoftMoR model stops at its depth)")
     p.add_argument("--out", type=Path, help="directory for horizon.csv / horizon.png (default: the run directory)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--json", action="store_true")
+    add_device_arg(p)
+    p.add_argument("--json", action="store_true", help="print the summary and the sweep as JSON")
     return p
 
 
@@ -23,34 +24,37 @@ def run(args) -> int:
     from ..analysis.horizon import horizon_sweep, plot, summarize, write_csv
     from ..errors import UserError
     from ..train.checkpoint import load_model_and_config
-    from ..train.loop import build_loaders, pick_device
+    from ..train.runtime import build_test_loader, pick_device
 
     model, cfg = load_model_and_config(args.run)
     T = model.nominal_steps
-    K = args.max_steps or 4 * T
+    K = args.max_steps or 16 * T
     if K < 1:
         raise UserError(f"--max-steps must be >= 1, got {K}")
     note = None
-    if model.core.max_steps is not None and K > model.core.max_steps:
-        note = f"{model.cfg.core} model runs at most {model.core.max_steps} steps; K capped"
-        K = model.core.max_steps
+    if model.core.limit is not None and K > model.core.limit:
+        note = f"this {model.cfg.core} model runs at most {model.core.limit} steps; K capped"
+        K = model.core.limit
     device = pick_device(args.device)
     model.to(device)
-    _, test_loader, _ = build_loaders(cfg)
+    test_loader, info = build_test_loader(cfg)
     sweep = horizon_sweep(model, test_loader, device, K)
     out_dir = args.out or (args.run if args.run.is_dir() else args.run.parent)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(sweep, out_dir / "horizon.csv")
-    label = f"{cfg.model.name} ({model.cfg.core})"
-    plot({label: sweep}, T, out_dir / "horizon.png", title=str(args.run))
+    label = f"{cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)})"
+    chance = 1.0 / info.num_classes
+    plot({label: sweep}, T, out_dir / "horizon.png", title=str(args.run), chance=chance)
     summary = {"run": str(args.run), "model": cfg.model.name, "core": model.cfg.core, **summarize(sweep, T),
+               "chance": chance,
                "csv": str(out_dir / "horizon.csv"), "png": str(out_dir / "horizon.png"), "note": note}
     if args.json:
         print_json({**summary, "sweep": sweep})
         return 0
     fmt = lambda v: "  -   " if v is None else f"{v:.4f}"  # noqa: E731
     print(f"{label}: trained T={T}, swept K={K}{'  (' + note + ')' if note else ''}")
-    print(f"  acc@T {fmt(summary['acc_T'])}  acc@2T {fmt(summary['acc_2T'])}  acc@4T {fmt(summary['acc_4T'])}  "
-          f"mean acc T..4T {fmt(summary['acc_mean_T_4T'])}")
+    keys = [("T", "acc_T")] + [(f"{k}T", f"acc_{k}T") for k in (2, 4, 8, 16)]
+    print("  " + "  ".join(f"acc@{name} {fmt(summary[key])}" for name, key in keys if summary[key] is not None)
+          + f"  mean acc T..4T {fmt(summary['acc_mean_T_4T'])}  chance {chance:.4f}")
     print(f"  wrote {summary['csv']} and {summary['png']}")
     return 0

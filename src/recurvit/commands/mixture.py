@@ -22,14 +22,14 @@ def run(args) -> int:
     from ..analysis.mixture import mixture_weights, plot_mixture, write_mean_csv
     from ..errors import UserError
     from ..train.checkpoint import load_model_and_config
-    from ..train.loop import build_loaders, pick_device
+    from ..train.runtime import build_test_loader, pick_device
 
     if args.images < 1:
         raise UserError(f"--images must be >= 1, got {args.images}")
     model, cfg = load_model_and_config(args.run)
     device = pick_device(args.device)
     model.to(device)
-    _, test_loader, info = build_loaders(cfg)
+    test_loader, info = build_test_loader(cfg)
     try:
         res = mixture_weights(model, test_loader, device, images=args.images)
     except ValueError as e:
@@ -42,11 +42,11 @@ def run(args) -> int:
     std = __import__("torch").tensor(info.std).view(-1, 1, 1)
     mu = __import__("torch").tensor(info.mean).view(-1, 1, 1)
     plot_mixture(res["examples"], (imgs * std + mu).clamp(0, 1), mean_t, out / "mixture.png",
-                 title=f"{cfg.model.name}: r={model.cfg.recursions}, layout={model.cfg.layout}")
+                 title=f"{cfg.model.name}: {model.cfg.core_cls.describe(model.cfg)}")
     write_mean_csv(mean_t, out / "mixture_mean.csv")
     per_step = mean_t.mean(dim=0).tolist()
     if args.json:
-        print_json({"run": str(args.run), "recursions": model.cfg.recursions, "layout": model.cfg.layout,
+        print_json({"run": str(args.run), **{k: getattr(model.cfg.options, k) for k in ("recursions", "layout")},
                     "mean_weight_per_step": per_step, "mean_weight_per_unit_step": mean_t.tolist(),
                     "png": str(out / "mixture.png"), "csv": str(out / "mixture_mean.csv")})
     else:

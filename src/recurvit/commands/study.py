@@ -10,24 +10,28 @@ from . import print_json
 
 def add_parser(sub):
     p = sub.add_parser("study", help="run a grid of runs and write results.csv, report.md and plots",
-                       description="Expands a study file's grid into runs under one study directory, skips finished "
-                                   "runs (an interrupted study resumes), and writes results.csv, report.md and plots.")
+                       description="Expands a study file's grid (see recurvit/study/spec.py) into runs under one "
+                                   "study directory, skips finished runs (an interrupted study resumes; a study that "
+                                   "asks for more evaluation re-evaluates finished runs without training them), and "
+                                   "writes results.csv, report.md (95%% intervals over seeds) and plots.")
     p.add_argument("study", type=Path, help="study YAML (see studies/)")
-    p.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
-    p.add_argument("--out", type=Path, help="study directory for the runs (default runs/studies/<name>)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="runs at a time, each in its own process with cores/N threads (default 1)")
+    p.add_argument("--out", type=Path, help="study directory for the runs (default: the study's runs: entry, "
+                                           "else runs/studies/<name>)")
     p.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs, train nothing")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the report")
     return p
 
 
 def run(args) -> int:
-    from ..analysis.study import collect, load_study, run_study, write_report
     from ..errors import UserError
+    from ..study import collect, load_study, run_dir_root, run_study, write_report
 
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     study = load_study(args.study)
-    out = args.out or Path("runs") / "studies" / study.name
+    out = args.out or run_dir_root(study)
     log = (lambda *a, **k: None) if args.json else print
     if args.report_only:
         rows = collect(out, study)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import load_config
-from ..errors import UserError
 from . import load_run_config, print_json
 
 
@@ -29,7 +28,8 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..train import distributed as dist_io
-    from ..train.loop import default_run_dir, train
+    from ..train.loop import train
+    from ..train.runtime import default_run_dir
 
     cfg = load_run_config(args, load_config, _default_config())
     out = args.resume if args.resume is not None else args.out
@@ -54,17 +54,17 @@ def run(args) -> int:
 def _launch(args, cfg, out) -> int:
     """``recurvit train --nproc N``: check what can be checked here, then torchrun this command."""
     from ..train import distributed as dist_io
-    from ..train.loop import default_run_dir, prepare_run_dir
+    from ..train.rundir import check_available
+    from ..train.runtime import default_run_dir
 
     dist_io.per_rank_batch(cfg.train.batch_size, args.nproc)
     dist_io.check_devices(cfg.train.device, args.nproc)
     if args.resume is not None:
-        prepare_run_dir(args.resume, resume=True)
+        check_available(args.resume, resume=True)
         argv = ["train", "--resume", str(args.resume)]
     else:
         out = out or default_run_dir(cfg)  # fixed here, so every rank agrees on it
-        if out.exists() and any(out.iterdir()):
-            raise UserError(f"run directory {out} already exists and is not empty; choose another --out or pass --resume {out}")
+        check_available(out, resume=False)
         argv = ["train", "--out", str(out)]
     argv += list(args.args) + (["--json"] if args.json else [])
     return dist_io.launch(args.nproc, argv)

@@ -107,7 +107,7 @@ def run(args) -> int:
 
 
 def _train(args) -> int:
-    from ..train.loop import default_run_dir
+    from ..train.runtime import default_run_dir
     from ..vae.config import default_config_path, load_vae_config
     from ..vae.train import train_vae
 
@@ -127,7 +127,7 @@ def _train(args) -> int:
 
 def _setup(args):
     """(model on device, cfg, test set, test loader, device) of a run."""
-    from ..train.loop import pick_device
+    from ..train.runtime import pick_device
     from ..vae.data import build_vae_datasets
     from ..vae.evaluate import load_vae_run, make_test_loader
 

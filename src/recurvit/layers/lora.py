@@ -161,7 +161,7 @@ def merge_lora(model: nn.Module, index: Optional[int] = None) -> nn.Module:
         if isinstance(m, LoRALinear):
             if index is None and m.num_adapters > 1:
                 raise ValueError(f"{name} has {m.num_adapters} step adapters: one shared weight cannot hold "
-                                 "them all; unroll into per-step copies (recurvit.train.finetune.unroll_step_lora)")
+                                 "them all; unroll into per-step copies (recurvit.models.adapters.unroll_step_lora)")
             _set(model, name, m.merged(0 if index is None else index))
     return model
 

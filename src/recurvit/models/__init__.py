@@ -1,4 +1,6 @@
-from .registry import create_model, list_models, model_config, register
+"""Models: the registry of presets, the ViT family (vit.py, with cores/) and LoopVAE."""
+from . import loopvae as _loopvae  # noqa: F401  (registers the loopvae presets)
+from .registry import create_model, list_models, model_config, preset, register
 from .vit import ViTConfig, VisionTransformer
 
-__all__ = ["create_model", "list_models", "model_config", "register", "ViTConfig", "VisionTransformer"]
+__all__ = ["create_model", "list_models", "model_config", "preset", "register", "ViTConfig", "VisionTransformer"]

@@ -1,32 +1,29 @@
-"""Named presets -> ViTConfig; ``create_model(name, **overrides)`` builds any of them."""
+"""Named presets -> config; ``create_model(name, **overrides)`` builds any of them.
+
+Model files register their presets here (``register(name, builder, config_cls, **preset)``); this
+module imports none of them, so there is no import cycle. A config class may define
+``build(preset, overrides)`` (ViTConfig does: keys that are not its fields are its core's options);
+otherwise it is called with the merged keywords.
+"""
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch.nn as nn
 
 from ..errors import UserError
-from .vit import ViTConfig, VisionTransformer
 
 WIDTHS = {"tiny": (192, 3), "small": (384, 6), "base": (768, 12)}  # (embed_dim, num_heads)
 
 _PRESETS: Dict[str, dict] = {}
-_BUILDERS: Dict[str, Callable[..., nn.Module]] = {}
+_BUILDERS: Dict[str, Tuple[Callable[..., nn.Module], type]] = {}
 
 
-def register(name: str, builder: Callable[..., nn.Module] = VisionTransformer, config_cls=ViTConfig, **preset):
-    """Register a preset: ``builder(config_cls(**{**preset, **overrides}))``."""
+def register(name: str, builder: Callable[..., nn.Module], config_cls: type, **preset: Any) -> None:
+    """Register a preset: ``builder(config)`` with the config of ``preset`` + overrides."""
     _PRESETS[name] = dict(preset)
     _BUILDERS[name] = (builder, config_cls)
-
-
-for _size, (_dim, _heads) in WIDTHS.items():
-    register(f"vit_{_size}", embed_dim=_dim, num_heads=_heads, depth=12, core="stack")
-    register(f"bvit_{_size}", embed_dim=_dim, num_heads=_heads, depth=1, steps=12, core="recurrent")
-for _size in ("tiny", "small"):
-    _dim, _heads = WIDTHS[_size]
-    register(f"srvit_{_size}", embed_dim=_dim, num_heads=_heads, depth=12, core="softmor", recursions=2)
 
 
 def list_models() -> List[str]:
@@ -42,20 +39,19 @@ def preset(name: str) -> dict:
 def model_config(name: str, **overrides):
     """The resolved config dataclass of preset ``name`` with ``overrides`` (None values ignored)."""
     base = preset(name)
-    builder, config_cls = _BUILDERS[name]
-    valid = {f.name for f in fields(config_cls)}
+    _, config_cls = _BUILDERS[name]
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    unknown = sorted(set(overrides) - valid)
-    if unknown:
-        raise UserError(f"model '{name}' has no option {', '.join(unknown)}; options: {', '.join(sorted(valid))}")
-    if overrides.get("core", base.get("core")) == "stack":  # a stack's step count is its depth
-        if "depth" in overrides:
-            overrides["steps"] = overrides["depth"]
-        elif "steps" in overrides:
-            overrides["depth"] = overrides["steps"]
     try:
+        if hasattr(config_cls, "build"):
+            return config_cls.build(base, overrides)
+        valid = {f.name for f in fields(config_cls)}
+        unknown = sorted(set(overrides) - valid)
+        if unknown:
+            raise UserError(f"model '{name}' has no option {', '.join(unknown)}; options: {', '.join(sorted(valid))}")
         return config_cls(**{**base, **overrides})
-    except (TypeError, ValueError) as e:
+    except TypeError as e:
+        raise UserError(f"model '{name}': {e}") from None
+    except ValueError as e:
         raise UserError(f"bad model option for '{name}': {e}") from None
 
 
@@ -70,4 +66,3 @@ def create_model(name: str, **overrides) -> nn.Module:
         raise UserError(f"cannot build '{name}': {e}") from None
     model.preset_name = name
     return model
-from . import loopvae as _loopvae  # noqa: E402,F401  (registers loopvae presets)

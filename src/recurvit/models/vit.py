@@ -7,14 +7,15 @@ With ``core="recurrent"`` it is bViT: the same embedding and readout around ONE 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Iterator, List, Optional, Sequence
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Type
 
 import torch
 import torch.nn as nn
 
 from ..layers import Block, PatchEmbed
-from .cores import Core, Recurrent, Stack
+from .cores import Core, core_class
+from .registry import WIDTHS, register
 
 
 @dataclass
@@ -24,7 +25,7 @@ class ViTConfig:
     in_chans: int = 3  # image channels
     num_classes: int = 1000  # classifier outputs
     embed_dim: int = 192  # width D
-    depth: int = 12  # independent blocks (stack); 1 for a recurrent core
+    depth: int = 12  # blocks stored (1 for a core with ONE shared block)
     num_heads: int = 3  # attention heads; D must be divisible by it
     mlp_ratio: float = 4.0  # MLP hidden = mlp_ratio * D
     qkv_bias: bool = True  # bias on the fused qkv projection
@@ -33,47 +34,39 @@ class ViTConfig:
     init_values: Optional[float] = None  # LayerScale init (None: no LayerScale)
     drop_rate: float = 0.0  # dropout on the pooled feature before the head
     drop_path: float = 0.0  # stochastic depth rate (linear over depth for stacks, constant for recurrence)
-    core: str = "stack"  # stack | recurrent | ode | softmor
-    steps: Optional[int] = None  # block applications at the trained depth (stack: = depth)
-    step_cond: str = "none"  # none | embed | scale (see layers/step_cond.py)
-    reinject: bool = False  # add the embedded input to the block's input at every step
+    core: str = "stack"  # how depth runs: a name in models.cores.CORES (stack | recurrent | ode | softmor)
+    steps: Optional[int] = None  # block-application steps at the trained depth (None: the core's default)
     stage_heads: int = 0  # >1: one head per deep-supervision stage (the last one is `head`)
-    # ODE core (models/ode.py)
-    field: str = "state_subtracted"  # state_subtracted: dz/dt = F(z) - z; black_box: dz/dt = F(z)
-    method: str = "euler"  # torchdiffeq method name
-    t_end: Optional[float] = None  # integration horizon at the trained steps (None: = steps, so h = 1)
-    rtol: float = 1e-3  # adaptive methods only
-    atol: float = 1e-4  # adaptive methods only
-    adjoint: bool = False  # odeint_adjoint: O(1) memory in the number of steps
-    time_cond: bool = False  # feed continuous time t to the field (learned embedding of t)
-    # SoftMoR core (models/softmor.py)
-    recursions: int = 1  # r: times each unit is recursed
-    layout: str = "inplace"  # inplace: each block recursed r times; cycle: the whole stack cycled r times
+    options: Any = None  # the core's own options (a mapping, or its Options dataclass once resolved)
 
     def __post_init__(self):
-        if self.steps is None:
-            if self.core == "softmor":
-                self.steps = self.recursions if self.layout == "cycle" else self.depth
-            else:
-                self.steps = self.depth if self.core == "stack" else 12
+        core_class(self.core).resolve(self)  # fills steps and options, or ValueError
+
+    @classmethod
+    def build(cls, base: Dict[str, Any], overrides: Dict[str, Any]) -> "ViTConfig":
+        """A config from preset values and flat overrides: keys that are not fields of this class
+        are the core's options (``create_model("bvit_tiny", core="ode", method="rk4")``)."""
+        merged = core_class(overrides.get("core", base.get("core", "stack"))).normalize_overrides(base, overrides)
+        own = {f.name for f in fields(cls)}
+        opts = dict(_as_mapping(merged.pop("options", None)))
+        opts.update({k: merged.pop(k) for k in list(merged) if k not in own})
+        return cls(**merged, options=opts)
+
+    @property
+    def core_cls(self) -> Type[Core]:
+        return core_class(self.core)
 
     @property
     def num_patches(self) -> int:
         return (self.img_size // self.patch_size) ** 2
 
 
-def build_core(cfg: ViTConfig) -> Core:
-    if cfg.core == "stack":
-        return Stack(cfg.depth)
-    if cfg.core == "recurrent":
-        return Recurrent(cfg.steps, cfg.embed_dim, cfg.step_cond, cfg.reinject)
-    if cfg.core == "ode":
-        from .ode import ODECore
-        return ODECore(cfg)
-    if cfg.core == "softmor":
-        from .softmor import SoftMoRCore
-        return SoftMoRCore(cfg)
-    raise ValueError(f"core must be one of stack, recurrent, ode, softmor; got '{cfg.core}'")
+def _as_mapping(options: Any) -> Dict[str, Any]:
+    if options is None:
+        return {}
+    if is_dataclass(options):
+        return asdict(options)
+    return dict(options)
 
 
 class VisionTransformer(nn.Module):
@@ -87,8 +80,6 @@ class VisionTransformer(nn.Module):
         for key in ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "steps"):
             if int(getattr(cfg, key)) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(cfg, key)}")
-        if cfg.core == "stack" and cfg.steps != cfg.depth:
-            raise ValueError(f"a stack has steps = depth; got steps={cfg.steps}, depth={cfg.depth}")
         D = cfg.embed_dim
         self.num_classes = cfg.num_classes
         self.num_prefix_tokens = 1 if cfg.class_token else 0
@@ -100,7 +91,7 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.ModuleList([
             Block(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, cfg.init_values, dpr[i]) for i in range(cfg.depth)
         ])
-        self.core = build_core(cfg)
+        self.core = cfg.core_cls(cfg)
         use_fc_norm = cfg.global_pool == "avg"
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(D, eps=1e-6)
         self.fc_norm = nn.LayerNorm(D, eps=1e-6) if use_fc_norm else nn.Identity()
@@ -193,5 +184,12 @@ class VisionTransformer(nn.Module):
         return f"core={self.cfg.core}, steps={self.cfg.steps}"
 
 
-def config_dict(cfg: ViTConfig) -> dict:
-    return asdict(cfg)
+# ----------------------------------------------------------------------------------- presets
+for _size, (_dim, _heads) in WIDTHS.items():
+    register(f"vit_{_size}", VisionTransformer, ViTConfig, embed_dim=_dim, num_heads=_heads, depth=12, core="stack")
+    register(f"bvit_{_size}", VisionTransformer, ViTConfig, embed_dim=_dim, num_heads=_heads, depth=1, steps=12,
+             core="recurrent")
+for _size in ("tiny", "small"):
+    _dim, _heads = WIDTHS[_size]
+    register(f"srvit_{_size}", VisionTransformer, ViTConfig, embed_dim=_dim, num_heads=_heads, depth=12,
+             core="softmor", recursions=2)

@@ -69,11 +69,13 @@ def config_from_checkpoint(ckpt: Dict[str, Any]) -> RunConfig:
 
 
 def build_model_from_config(cfg: RunConfig, **overrides) -> nn.Module:
+    """The run's model (fresh weights); ``overrides`` are model keys or core options."""
     from dataclasses import asdict
 
     from ..models import create_model
 
-    opts = {k: v for k, v in asdict(cfg.model).items() if k != "name" and v is not None}
+    opts = {k: v for k, v in asdict(cfg.model).items() if k not in ("name", "options") and v is not None}
+    opts.update(cfg.model.options or {})
     opts.update({k: v for k, v in overrides.items() if v is not None})
     return create_model(cfg.model.name, **opts)
 
@@ -105,7 +107,7 @@ def load_model_and_config(path: str | Path, map_location: Any = "cpu", **overrid
     cfg = config_from_checkpoint(ckpt)
     model = build_model_from_config(cfg, **overrides)
     if ckpt.get("adapter"):  # a step-LoRA fine-tune: per-step adapters cannot be merged into one block
-        from .finetune import attach_adapters
+        from ..models.adapters import attach_adapters
 
         attach_adapters(model, ckpt["adapter"])
     load_state(model, ckpt["model"], p)

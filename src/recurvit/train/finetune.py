@@ -30,118 +30,30 @@ Checkpoints and loading:
   ``last.pt`` holds the training state (lora: unmerged adapters + an ``adapter`` entry).
 - step_lora: T adapters cannot be merged into ONE shared weight. ``best.pt`` holds the compact
   model (shared block + adapters) and an ``adapter`` entry {method, rank, alpha, num_adapters,
-  targets, calls_per_step}; load it with ``load_run(RUN_DIR)`` (``recurvit analyze`` does). When the
-  model is a plain recurrent bViT (no step conditioning, no re-injection), ``unrolled.pt`` also
-  holds the equivalent stack ViT with T merged block copies (same logits, T x block params), which
-  ``recurvit eval RUN_DIR/unrolled.pt`` loads today. (For ``recurvit eval RUN_DIR`` to read the
-  compact form, ``checkpoint.load_model_and_config`` would call ``attach_adapters(model,
-  ckpt["adapter"])`` before ``load_state`` when the entry is present.)
+  targets, calls_per_step}, which every command reads (``checkpoint.load_model_and_config``
+  rebuilds the adapters). When the core is unrollable (a plain recurrent bViT: no step
+  conditioning, no re-injection), ``unrolled.pt`` also holds the equivalent stack ViT with T
+  merged block copies (same logits, T x block params).
+
+Adapters themselves (where they go, merging, unrolling) are :mod:`recurvit.models.adapters`.
 """
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
-import torch
 import torch.nn as nn
 
-from ..config import DataConfig, RunConfig, as_dict, save_config, to_object
+from ..config import DataConfig, RunConfig, as_dict, to_object, to_yaml
 from ..errors import UserError
-from ..layers.lora import (LORA_TARGETS, StepSelector, add_lora, attach_step_selector, lora_layers,
-                           merge_lora)
+from ..models.adapters import adapter_spec, attach_adapters, plain_state, unroll_step_lora
 from . import checkpoint as ckpt_io
+from .rundir import write_atomic
 
 METHODS = ("full", "head", "lora", "step_lora", "scratch")
-
-
-# ----------------------------------------------------------------------------------- adapters
-def adapter_spec(model: nn.Module, method: str, rank: int, alpha: Optional[float] = None,
-                 targets=LORA_TARGETS) -> Dict[str, Any]:
-    """What ``attach_adapters`` needs to rebuild a model's adapters (stored in checkpoints)."""
-    alpha = float(rank if alpha is None else alpha)
-    spec = {"method": method, "rank": int(rank), "alpha": alpha, "targets": list(targets),
-            "num_adapters": 1, "calls_per_step": 1}
-    if method == "step_lora":
-        spec["num_adapters"] = int(model.nominal_steps)
-        spec["calls_per_step"] = step_lora_calls_per_step(model)
-    return spec
-
-
-def step_lora_calls_per_step(model: nn.Module) -> int:
-    """Shared-block calls per step, or a UserError when per-step adapters are not defined."""
-    core = model.core
-    if core.kind == "recurrent":
-        return 1
-    if core.kind == "ode":
-        from ..models.ode import solver_stages
-
-        s = solver_stages(core.method)
-        if s is None:
-            raise UserError(f"step_lora on an ODE model needs a fixed-step one-step method (euler, midpoint, heun3, "
-                            f"rk4, ...) to know the step of each call; this model uses '{core.method}'")
-        return s
-    raise UserError(f"step_lora needs ONE shared block (recurrent or ode core); this model has a {core.kind} core "
-                    "with a block per layer: use --method lora, which already adapts every layer separately")
-
-
-def attach_adapters(model: nn.Module, spec: Dict[str, Any]) -> StepSelector:
-    """Add LoRA adapters to ``model`` as described by ``spec`` (in place), zero-initialised B."""
-    n = int(spec.get("num_adapters", 1))
-    selector = StepSelector(n, int(spec.get("calls_per_step", 1)))
-    blocks = [model.blocks[0]] if n > 1 else list(model.blocks)
-    add_lora(blocks, int(spec["rank"]), spec.get("alpha"), n, spec.get("targets", LORA_TARGETS), selector)
-    if n > 1:
-        attach_step_selector(model, selector)
-    model.adapter_spec = dict(spec)
-    return selector
-
-
-def unroll_step_lora(model: nn.Module, cfg: RunConfig) -> Optional[Tuple[nn.Module, RunConfig]]:
-    """A step_lora bViT as the equivalent stack ViT: block k = shared block with adapter k merged.
-
-    Only for a plain recurrent core (no step conditioning, no re-injection): there
-    z_{k+1} = F_k(z_k) is exactly a stack of T different blocks. Returns None otherwise."""
-    c = model.cfg
-    if c.core != "recurrent" or c.step_cond != "none" or c.reinject:
-        return None
-    T = model.nominal_steps
-    m_cfg = replace(cfg.model, core="stack", depth=T, steps=T)
-    stack_cfg = replace(cfg, model=m_cfg)
-    stack = ckpt_io.build_model_from_config(stack_cfg)
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith("blocks.")}
-    for k in range(T):
-        block = copy.deepcopy(model.blocks[0])
-        merge_lora(block, index=k)
-        state.update({f"blocks.{k}.{name}": v for name, v in block.state_dict().items()})
-    stack.load_state_dict(state, strict=True)
-    return stack.eval(), stack_cfg
-
-
-def plain_state(model: nn.Module) -> Dict[str, torch.Tensor]:
-    """state_dict with single adapters merged (lora), else the model's own (no-op for full/head)."""
-    layers = lora_layers(model)
-    if not layers or any(m.num_adapters > 1 for m in layers):
-        return model.state_dict()
-    merged = merge_lora(copy.deepcopy(model))
-    return merged.state_dict()
-
-
-# ------------------------------------------------------------------------------------ loading
-def load_run(path, map_location: Any = "cpu") -> Tuple[nn.Module, RunConfig]:
-    """Model (eval mode) and config from any run directory or checkpoint, adapters included."""
-    p = ckpt_io.resolve_checkpoint(path)
-    ckpt = ckpt_io.load_checkpoint(p, map_location)
-    cfg = ckpt_io.config_from_checkpoint(ckpt)
-    model = ckpt_io.build_model_from_config(cfg)
-    if ckpt.get("adapter"):
-        attach_adapters(model, ckpt["adapter"])
-    ckpt_io.load_state(model, ckpt["model"], p)
-    model.eval()
-    return model, cfg
 
 
 # ------------------------------------------------------------------------------- model surgery
@@ -182,7 +94,10 @@ def prepare(model: nn.Module, method: str, rank: int = 4, alpha: Optional[float]
     if method in ("lora", "step_lora"):
         if rank < 1:
             raise UserError(f"--rank must be >= 1, got {rank}")
-        spec = adapter_spec(model, method, rank, alpha)
+        try:
+            spec = adapter_spec(model, method, rank, alpha)
+        except ValueError as e:
+            raise UserError(str(e)) from None
         attach_adapters(model, spec)  # new adapter parameters are trainable
     for p in head_parameters(model):
         p.requires_grad_(True)
@@ -220,11 +135,9 @@ def target_config(src_cfg: RunConfig, data: str, overrides: List[str]) -> RunCon
 def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optional[float] = None,
              overrides: Optional[List[str]] = None, out: Optional[Path] = None, log=print) -> Dict[str, Any]:
     """Fine-tune run ``src`` on data set ``data`` with ``method`` into run directory ``out``."""
-    from ..data import build_batch_transform
-    from .losses import DepthSampler, stage_weights
-    from .loop import (build_loaders, check_train_config, evaluate, pick_device, prepare_run_dir,
-                       seed_everything, set_epoch, train_one_epoch)
-    from .optim import build_optimizer, build_scheduler
+    from .loop import check_train_config
+    from .rundir import RunDir
+    from .runtime import build_loaders, pick_device, seed_everything
 
     if method not in METHODS:
         raise UserError(f"--method must be one of {', '.join(METHODS)}, got '{method}'")
@@ -233,7 +146,7 @@ def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optiona
     if src_ckpt.get("adapter"):
         raise UserError(f"{src_path} is a step_lora run (adapters that cannot be merged); fine-tune its source "
                         "run, or its unrolled.pt")
-    model, src_cfg = load_run(src_path)
+    model, src_cfg = ckpt_io.load_model_and_config(src_path)
     cfg = target_config(src_cfg, data, list(overrides or []))
     check_train_config(cfg)
     mc = model.cfg
@@ -255,22 +168,34 @@ def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optiona
     new_heads(model, info.num_classes)
     cfg = replace(cfg, model=replace(cfg.model, num_classes=info.num_classes))
     spec = prepare(model, method, rank, alpha)
-    prepare_run_dir(out, resume=False)  # only once everything the user chose is known to work
+    with RunDir.create(out) as run:  # only once everything the user chose is known to work
+        return _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_loader, info, device,
+                         rank, log)
+
+
+def _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_loader, info, device, rank, log):
+    from ..data import build_batch_transform
+    from .loop import evaluate, train_one_epoch
+    from .losses import DepthSampler, stage_weights
+    from .optim import build_optimizer, build_scheduler
+    from .runtime import set_epoch
+
+    out = run.path
     model.to(device)
     counts = count_params(model)
     try:
-        depth = DepthSampler(cfg.train.depth, model.nominal_steps, cap=model.core.max_steps)
+        depth = DepthSampler(cfg.train.depth, model.nominal_steps, cap=model.core.limit)
         stage_weights(cfg.train.supervision.weights, 1)
     except ValueError as e:
         raise UserError(str(e)) from None
     opt = build_optimizer(model, cfg.train, device)
     sched = build_scheduler(opt, cfg.train, len(train_loader))
     batch_transform = build_batch_transform(cfg.data, info.num_classes)
-    save_config(cfg, out / "config.yaml")
+    run.write_config(to_yaml(cfg))
     cfg_dict = as_dict(cfg)
     info_rec = {"method": method, "source": str(src_path), "data": data, "rank": rank if spec else None,
                 **counts, "trainable_fraction": counts["trainable_params"] / counts["total_params"]}
-    log(f"finetune {method}: {cfg.model.name} ({model.cfg.core} core, steps={model.nominal_steps}) from {src_path} "
+    log(f"finetune {method}: {cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)} core, steps={model.nominal_steps}) from {src_path} "
         f"on {data} ({len(train_loader.dataset)} train / {len(test_loader.dataset)} test, {info.img_size}px); "
         f"trainable params {counts['trainable_params']:,} of {counts['total_params']:,}")
 
@@ -287,34 +212,34 @@ def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optiona
             ev = evaluate(model, test_loader, device, amp=cfg.train.amp)
             metrics.update(test_loss=ev["loss"], test_acc=ev["accuracy"])
         metrics.update(train_seconds=elapsed, train_cpu_seconds=cpu, trainable_params=counts["trainable_params"])
-        with open(out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(metrics) + "\n")
+        run.append_metrics(metrics)
         record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "epoch": epoch + 1, "finetune": info_rec}
         if "test_acc" in metrics and metrics["test_acc"] > best_acc:
             best_acc = metrics["test_acc"]
             if method == "step_lora":
                 best = {**record, "model": model.state_dict(), "adapter": spec}
-                unrolled = unroll_step_lora(model, cfg)
-                if unrolled is not None:
-                    u_model, u_cfg = unrolled
-                    ckpt_io.save_atomic({**record, "config": as_dict(u_cfg), "model": u_model.state_dict(),
-                                         "test_acc": best_acc}, out / "unrolled.pt")
+                u_model = unroll_step_lora(model)
+                if u_model is not None:
+                    u_cfg = replace(cfg, model=replace(cfg.model, core="stack", depth=u_model.nominal_steps,
+                                                       steps=u_model.nominal_steps, options={}))
+                    run.save("unrolled.pt", {**record, "config": as_dict(u_cfg), "model": u_model.state_dict(),
+                                             "test_acc": best_acc})
             else:
                 best = {**record, "model": plain_state(model)}
-            ckpt_io.save_atomic({**best, "test_acc": best_acc}, out / "best.pt")
+            run.save("best.pt", {**best, "test_acc": best_acc})
         last_rec = {**record, "model": model.state_dict(), "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(), "best_acc": best_acc, "train_seconds": elapsed,
                     "rng": ckpt_io.rng_state()}
         if spec is not None:
             last_rec["adapter"] = spec
-        ckpt_io.save_atomic(last_rec, out / "last.pt")
+        run.save("last.pt", last_rec)
         if "test_acc" in metrics:
             log(f"epoch {epoch + 1:>3}/{cfg.train.epochs}  loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
                 f"test_acc {metrics['test_acc']:.4f}  {m['seconds']:.1f}s")
     summary = {**info_rec, "run_dir": str(out), "epochs": cfg.train.epochs, "lr": cfg.train.lr,
                "test_acc": metrics.get("test_acc"), "best_acc": best_acc, "train_seconds": elapsed,
                "train_cpu_seconds": cpu}
-    (out / "finetune.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(out / "finetune.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 

@@ -1,4 +1,4 @@
-"""The training loop: train_one_epoch / evaluate, run directories, resume.
+"""The training loop: train_one_epoch / evaluate / train.
 
 The loop never knows which core it drives: it asks the model for logits at readout steps
 (``forward_steps(..., at=...)``) and weighs them with ``losses.supervised_loss``.
@@ -11,98 +11,27 @@ in backward; bf16 autocast is on by default on CUDA and AdamW is fused there.
 """
 from __future__ import annotations
 
-import json
 import math
-import random
 import time
-from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Dict, Iterable, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional
 
 import torch
 import torch.nn as nn
-from torch.utils.data import DataLoader, RandomSampler
 from tqdm.auto import tqdm
 
-from ..config import RunConfig, as_dict, save_config
+from ..config import RunConfig, as_dict, to_yaml
 from ..errors import UserError
 from . import checkpoint as ckpt_io
 from . import distributed as dist_io
 from .losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
-from .optim import build_optimizer, build_scheduler, optimizer_step
+from .optim import build_optimizer, build_scheduler, follow_config, optimizer_step
+from .resume import check_resume, config_changes
+from .rundir import RunDir, open_run
+from .runtime import (autocast, build_loaders, pick_device, resolve_model_config, seed_everything, set_epoch,
+                      show_progress)
 
-
-# ---------------------------------------------------------------------------- setup helpers
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"train.device={name} but CUDA is not available; use train.device=cpu or auto")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise UserError(f"train.device='{name}' is not a device; use auto, cpu, cuda or cuda:N") from None
-
-
-def autocast(device: torch.device, amp: str):
-    """bf16 autocast: on by default on CUDA (amp=auto), opt-in on CPU (amp=bf16)."""
-    if amp not in ("auto", "bf16", "off"):
-        raise UserError(f"train.amp must be auto, bf16 or off, got '{amp}'")
-    on = amp == "bf16" or (amp == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16) if on else nullcontext()
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed % 2**32)
-    except ImportError:  # pragma: no cover
-        pass
-
-
-def resolve_model_config(cfg: RunConfig, info) -> RunConfig:
-    """The model follows the data set (img_size, in_chans, num_classes) unless set explicitly."""
-    m = cfg.model
-    m = replace(m,
-                img_size=m.img_size if m.img_size is not None else info.img_size,
-                in_chans=m.in_chans if m.in_chans is not None else info.in_chans,
-                num_classes=m.num_classes if m.num_classes is not None else info.num_classes)
-    if cfg.train.supervision.per_stage_heads and m.stage_heads is None:
-        m = replace(m, stage_heads=cfg.train.supervision.stages)
-    return replace(cfg, model=m)
-
-
-def build_loaders(cfg: RunConfig, epoch_seed: int = 0,
-                  env: dist_io.DistEnv = dist_io.SINGLE) -> Tuple[DataLoader, DataLoader, object]:
-    """Train / test loaders. With several processes (``env``) each rank loads its shard of every
-    global batch (``train.batch_size / world_size`` images) and of the test set."""
-    from ..data import build_datasets
-
-    train_set, test_set, info = env.main_first(lambda: build_datasets(cfg.data))  # rank 0 downloads first
-    kw = dict(num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available(),
-              persistent_workers=cfg.data.num_workers > 0)
-    if not env.enabled:
-        train_loader = DataLoader(train_set, batch_size=cfg.train.batch_size, shuffle=True, drop_last=False,
-                                  generator=torch.Generator().manual_seed(epoch_seed), **kw)
-        test_loader = DataLoader(test_set, batch_size=max(256, cfg.train.batch_size), shuffle=False, **kw)
-        return train_loader, test_loader, info
-    batch = dist_io.per_rank_batch(cfg.train.batch_size, env.world_size)
-    gen = torch.Generator().manual_seed(epoch_seed)  # the single process's: same permutation, same worker seeds
-    batches = dist_io.ShardedBatches(RandomSampler(train_set, generator=gen), cfg.train.batch_size,
-                                     env.rank, env.world_size)
-    train_loader = DataLoader(train_set, batch_sampler=batches, generator=gen, **kw)
-    test_loader = DataLoader(test_set, batch_size=max(256, batch), shuffle=False,
-                             sampler=dist_io.Shard(len(test_set), env.rank, env.world_size), **kw)
-    return train_loader, test_loader, info
-
-
-def set_epoch(loader: DataLoader, seed: int) -> None:
-    """The shuffle of an epoch depends on ``seed`` only (and is the same with any number of processes)."""
-    loader.generator.manual_seed(seed)
+MAX_COUNT = 10**9  # bound on epochs / batch size: larger values are a mistake, not a plan
 
 
 # ------------------------------------------------------------------------------ evaluation
@@ -153,7 +82,7 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
     weights = stage_weights(tc.supervision.weights, tc.supervision.stages if tc.supervision.stages > 1 else 1)
     n, loss_sum, correct, t0 = 0, 0.0, 0, time.perf_counter()
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False,
-               disable=not tc.progress or not env.is_main, dynamic_ncols=True)
+               disable=not (show_progress(tc.progress) and env.is_main), dynamic_ncols=True)
     for x, y in bar:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         target = y
@@ -175,7 +104,8 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
             step_loss, step_correct, step_n = None, None, b
         if not torch.isfinite(loss if step_loss is None else torch.tensor(step_loss)):
             value = loss.item() if step_loss is None else step_loss
-            raise UserError(f"training diverged (loss={value}) at epoch {epoch + 1}; lower train.lr or raise train.grad_clip")
+            raise UserError(f"training diverged (loss={value}) at epoch {epoch + 1}; lower train.lr, or clip harder "
+                            "with a smaller train.grad_clip (e.g. 0.5), and --resume the run with it")
         optimizer_step(model, opt, sched, loss, tc.grad_clip)
         if step_loss is None:
             n += b
@@ -191,28 +121,13 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
     return {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1), "img_per_s": n / secs, "seconds": secs}
 
 
-def prepare_run_dir(out: Path, resume: bool) -> None:
-    if resume:
-        if not (out / "last.pt").is_file():
-            raise UserError(f"cannot resume: {out / 'last.pt'} not found")
-        return
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"run directory {out} already exists and is not empty; choose another --out or pass --resume {out}")
-    out.mkdir(parents=True, exist_ok=True)
-
-
-def default_run_dir(cfg: RunConfig, root: str = "runs") -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / f"{cfg.data.name}-{cfg.model.name}-{stamp}"
-    out, i = base, 1
-    while out.exists():
-        out, i = Path(f"{base}-{i}"), i + 1
-    return out
-
-
 def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
           stop_after: Optional[int] = None) -> Dict[str, float]:
     """Train ``cfg`` into run directory ``out`` (or continue it from last.pt); returns final metrics.
+
+    The run directory is owned through :class:`~recurvit.train.rundir.RunDir` (created, locked for
+    the life of the run, cleaned up if nothing was written). With ``resume`` the overrides in
+    ``cfg`` follow the rule of :mod:`recurvit.train.resume`.
 
     ``stop_after=k`` ends the run after epoch k as an interruption would (last.pt written), so a
     later ``resume=True`` continues it; used to test that resuming changes nothing.
@@ -221,15 +136,14 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
     this with the same arguments and the run is data-parallel (see ``distributed.py``); rank 0
     alone writes ``out`` and logs, and every rank returns the same global metrics.
     """
-    out = Path(out)
-    fresh = not out.exists()
-    try:
-        with dist_io.session(cfg.train.device) as env:
-            return _train(cfg, out, resume, log, stop_after, env)
-    except BaseException:
-        if fresh and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # a run that failed before writing anything leaves no empty directory behind
-        raise
+    with dist_io.session(cfg.train.device) as env:
+        out = Path(env.broadcast(str(out)))  # rank 0's run directory (a default one carries a time stamp)
+        log = log if env.is_main else _quiet
+        check_train_config(cfg)
+        run = env.on_main(lambda: open_run(out, resume, log=log)) or RunDir(out, created=False, owner=False)
+        with run:
+            resume = env.broadcast(run.has_checkpoint()) if resume else False
+            return _train(cfg, run, resume, log, stop_after, env)
 
 
 def check_train_config(cfg: RunConfig) -> None:
@@ -240,41 +154,45 @@ def check_train_config(cfg: RunConfig) -> None:
     for key in ("epochs", "batch_size"):
         if getattr(t, key) < 1:
             raise UserError(f"train.{key} must be >= 1, got {getattr(t, key)}")
+        if getattr(t, key) > MAX_COUNT:
+            raise UserError(f"train.{key} must be <= {MAX_COUNT:,}, got {getattr(t, key)}")
     if t.weight_decay < 0 or t.grad_clip < 0 or not 0 <= t.label_smoothing < 1:
         raise UserError("train.weight_decay and train.grad_clip must be >= 0, train.label_smoothing in [0, 1)")
+    if t.supervision.stages < 1:
+        raise UserError("train.supervision.stages must be >= 1")
+    if t.eval_every < 1:
+        raise UserError(f"train.eval_every must be >= 1, got {t.eval_every}")
 
 
 def _quiet(*args, **kwargs) -> None:
     return None
 
 
-def _train(cfg: RunConfig, out: Path, resume: bool, log, stop_after: Optional[int],
+def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[int],
            env: dist_io.DistEnv) -> Dict[str, float]:
-    out = Path(env.broadcast(str(out)))  # rank 0's run directory (a default one carries a time stamp)
-    log = log if env.is_main else _quiet
-    check_train_config(cfg)
-    env.on_main(lambda: prepare_run_dir(out, resume))
-    state = ckpt_io.load_checkpoint(out / "last.pt") if resume else None  # every rank resumes from it
+    out = run.path
+    state = run.load_last() if resume else None  # every rank resumes from it
+    if state is not None:
+        used = as_dict(ckpt_io.config_from_checkpoint(state))
+        log(check_resume(str(out), state["epoch"], config_changes(used, as_dict(cfg))))
     seed_everything(cfg.train.seed)
     device = dist_io.rank_device(env, pick_device(cfg.train.device))
 
     from ..data import build_batch_transform
 
-    train_loader, test_loader, info = build_loaders(cfg, env=env)
+    train_loader, test_loader, info = build_loaders(cfg, env=env, log=log)
     cfg = resolve_model_config(cfg, info)
-    model = ckpt_io.build_model_from_config(cfg).to(device)
+    model = build_model(cfg, device)
     opt = build_optimizer(model, cfg.train, device)
     sched = build_scheduler(opt, cfg.train, len(train_loader))
     # one depth per global batch: under several processes the draws come from a generator that
     # every rank seeds alike (a single process keeps drawing from the global RNG, as it always has)
     depth_gen = torch.Generator().manual_seed(cfg.train.seed) if env.enabled else None
     try:
-        depth = DepthSampler(cfg.train.depth, model.nominal_steps, depth_gen, cap=model.core.max_steps)
+        depth = DepthSampler(cfg.train.depth, model.nominal_steps, depth_gen, cap=model.core.limit)
         stage_weights(cfg.train.supervision.weights, 1)
     except ValueError as e:
         raise UserError(str(e)) from None
-    if cfg.train.supervision.stages < 1:
-        raise UserError("train.supervision.stages must be >= 1")
     batch_transform = build_batch_transform(cfg.data, info.num_classes)
 
     start_epoch, best_acc, elapsed = 0, -1.0, 0.0
@@ -282,22 +200,22 @@ def _train(cfg: RunConfig, out: Path, resume: bool, log, stop_after: Optional[in
         ckpt_io.load_state(model, state["model"], out / "last.pt")
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
+        follow_config(opt, sched, cfg.train, len(train_loader))
         start_epoch, best_acc, elapsed = state["epoch"], state["best_acc"], state.get("train_seconds", 0.0)
         _restore_rng(state, env, cfg.train.seed, depth_gen)
-        if env.is_main:
-            _truncate_metrics(out / "metrics.jsonl", start_epoch)
+        run.truncate_metrics(start_epoch)
     elif env.enabled and env.rank > 0:
         torch.manual_seed(dist_io.rank_seed(cfg.train.seed, env.rank))  # own dropout / augmentation draws
     forward = _speed_and_scale(model, cfg, device, env)
-    if env.is_main:
-        save_config(cfg, out / "config.yaml")
+    run.write_config(to_yaml(cfg))  # what the run actually uses, overrides of a resume included
     cfg_dict = as_dict(cfg)
 
     n_params = sum(p.numel() for p in model.parameters())
     where = f"device {device}" if not env.enabled else f"{env.world_size} processes ({device.type}, DDP)"
-    log(f"model {cfg.model.name} ({getattr(getattr(model, 'cfg', None), 'core', cfg.model.core)} core, {n_params:,} params, steps={model.nominal_steps}) "
-        f"on {cfg.data.name} ({len(train_loader.dataset)} train / {len(test_loader.dataset)} test), {where}")
-    metrics: Dict[str, float] = {}
+    log(f"model {cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)} core, {n_params:,} params, "
+        f"steps={model.nominal_steps}) on {cfg.data.name} ({len(train_loader.dataset)} train / "
+        f"{len(test_loader.dataset)} test), {where}")
+    metrics: Dict[str, float] = (state or {}).get("metrics", {})
     for epoch in range(start_epoch, cfg.train.epochs):
         set_epoch(train_loader, cfg.train.seed * 100_003 + epoch)  # the shuffle depends on (seed, epoch) only
         m = train_one_epoch(model, train_loader, opt, sched, device, cfg, depth, batch_transform, epoch,
@@ -313,20 +231,14 @@ def _train(cfg: RunConfig, out: Path, resume: bool, log, stop_after: Optional[in
         extra = {}
         if env.enabled:  # a collective: every rank takes part, rank 0 writes
             extra = {"rng_ranks": env.gather(rng), "world_size": env.world_size, "depth_rng": depth_gen.get_state()}
-        if "test_acc" in metrics and metrics["test_acc"] > best_acc:
-            best_acc = metrics["test_acc"]
-            best = True
-        else:
-            best = False
-        if env.is_main:
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(metrics) + "\n")
-            record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "model": model.state_dict(), "epoch": epoch + 1}
-            if best:
-                ckpt_io.save_atomic({**record, "test_acc": best_acc}, out / "best.pt")
-            ckpt_io.save_atomic({**record, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                                 "best_acc": best_acc, "train_seconds": elapsed, "rng": rng, **extra},
-                                out / "last.pt")
+        best = "test_acc" in metrics and metrics["test_acc"] > best_acc
+        best_acc = metrics["test_acc"] if best else best_acc
+        run.append_metrics(metrics)
+        record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "model": model.state_dict(), "epoch": epoch + 1}
+        if best:
+            run.save("best.pt", {**record, "test_acc": best_acc})
+        run.save("last.pt", {**record, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                             "best_acc": best_acc, "train_seconds": elapsed, "rng": rng, "metrics": metrics, **extra})
         if "test_acc" in metrics:
             log(f"epoch {epoch + 1:>3}/{cfg.train.epochs}  loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
                 f"test_acc {metrics['test_acc']:.4f}  {m['img_per_s']:.0f} img/s  {m['seconds']:.1f}s")
@@ -335,10 +247,17 @@ def _train(cfg: RunConfig, out: Path, resume: bool, log, stop_after: Optional[in
             env.barrier()  # last.pt is on disk before any rank returns
             return metrics
     env.barrier()
-    if not metrics:  # resumed a finished run
-        lines = (out / "metrics.jsonl").read_text().splitlines()
-        metrics = json.loads(lines[-1]) if lines else {}
     return metrics
+
+
+def build_model(cfg: RunConfig, device: torch.device) -> nn.Module:
+    """The run's model on ``device``; an allocation that does not fit is one line naming the sizes."""
+    try:
+        return ckpt_io.build_model_from_config(cfg).to(device)
+    except (MemoryError, torch.OutOfMemoryError) as e:
+        m = cfg.model
+        raise UserError(f"model {m.name} does not fit in memory (embed_dim={m.embed_dim}, depth={m.depth}, "
+                        f"steps={m.steps}): {str(e).splitlines()[0][:120]}; make it smaller") from None
 
 
 def _speed_and_scale(model: nn.Module, cfg: RunConfig, device: torch.device,
@@ -347,7 +266,7 @@ def _speed_and_scale(model: nn.Module, cfg: RunConfig, device: torch.device,
 
     Returns the training forward (the DDP module under several processes, else None: the
     model's own ``forward_steps``)."""
-    from ..models.cores import compile_available, compile_blocks, set_activation_checkpointing
+    from ..models.speed import compile_available, compile_blocks, set_activation_checkpointing
 
     tc = cfg.train
     if tc.activation_checkpointing:
@@ -383,12 +302,3 @@ def _restore_rng(state: dict, env: dist_io.DistEnv, seed: int, depth_gen: Option
             torch.manual_seed(dist_io.rank_seed(seed + state["epoch"], env.rank))
     if depth_gen is not None and state.get("depth_rng") is not None:
         depth_gen.set_state(state["depth_rng"])
-
-
-def _truncate_metrics(path: Path, epochs: int) -> None:
-    """Drop metric lines written after the checkpoint we resume from (a crash between the two)."""
-    if not path.exists():
-        return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    keep = [ln for ln in lines if json.loads(ln).get("epoch", 0) <= epochs]
-    path.write_text("".join(ln + "\n" for ln in keep))

@@ -11,7 +11,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from ..config import DepthConfig, SupervisionConfig
+from ..config import DepthConfig
 
 WEIGHTINGS = ("uniform", "linear", "last")
 SCHEDULES = ("fixed", "uniform", "poisson_lognormal")

@@ -45,6 +45,26 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, iters_per_epoc
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+def follow_config(opt: torch.optim.Optimizer, sched, cfg: TrainConfig, iters_per_epoch: int) -> None:
+    """After loading a checkpoint's optimizer and schedule state: make them follow ``cfg`` (a
+    resume whose overrides changed lr, min_lr, epochs, warmup, weight decay or betas).
+
+    The schedule is recomputed from ``cfg`` at the iteration reached, so a new peak lr or epoch
+    count continues the warmup-cosine curve of the new settings from there; with an unchanged
+    config every value is the one already loaded (the same formula at the same iteration)."""
+    fresh = build_scheduler(opt, cfg, iters_per_epoch)  # new lambdas (epochs, warmup, floor)
+    it = sched.last_epoch
+    sched.lr_lambdas = fresh.lr_lambdas
+    sched.base_lrs = [cfg.lr for _ in opt.param_groups]
+    for i, g in enumerate(opt.param_groups):
+        g["initial_lr"] = cfg.lr
+        g["lr"] = cfg.lr * sched.lr_lambdas[i](it)
+        g["betas"] = tuple(cfg.betas)
+        if g["weight_decay"] > 0 or i == 0:  # group 0 holds the decayed weights (param_groups)
+            g["weight_decay"] = cfg.weight_decay
+    sched._last_lr = [g["lr"] for g in opt.param_groups]
+
+
 def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, sched, loss: torch.Tensor, grad_clip: float) -> None:
     """Backward, optional global-norm clipping, optimizer and (per-iteration) schedule step."""
     opt.zero_grad(set_to_none=True)

@@ -6,7 +6,6 @@ best.pt keeps the epoch with the highest test PSNR.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,9 +18,11 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..train import checkpoint as ckpt_io
-from ..train.loop import autocast, pick_device, prepare_run_dir, seed_everything
-from ..train.optim import build_optimizer, build_scheduler, optimizer_step
-from .config import VAERunConfig, as_dict, save_vae_config
+from ..train.optim import build_optimizer, build_scheduler, follow_config, optimizer_step
+from ..train.resume import check_resume, config_changes
+from ..train.rundir import RunDir, open_run
+from ..train.runtime import autocast, pick_device, seed_everything, show_progress
+from .config import VAERunConfig, as_dict, config_from_dict, to_yaml
 from .data import build_vae_datasets, mean_image
 from .evaluate import TASK, build_vae_model, evaluate_vae, make_test_loader, mean_image_baseline
 from .losses import PatchDiscriminator, d_hinge_loss, g_hinge_loss, kl_loss, recon_loss
@@ -53,12 +54,19 @@ def train_vae(cfg: VAERunConfig, out: Path, resume: bool = False, log: Callable 
 
     ``stop_after=k`` stops after epoch k as an interruption would (the run can be resumed).
     """
-    out = Path(out)
     _check(cfg)
-    prepare_run_dir(out, resume)
-    state = ckpt_io.load_checkpoint(out / "last.pt") if resume else None
+    with open_run(Path(out), resume, log=log) as run:
+        return _train_vae(cfg, run, resume and run.has_checkpoint(), log, stop_after)
+
+
+def _train_vae(cfg: VAERunConfig, run: RunDir, resume: bool, log: Callable, stop_after: Optional[int]):
+    out = run.path
+    state = run.load_last() if resume else None
     if state is not None and state.get("task") != TASK:
         raise UserError(f"cannot resume {out}: it is not a VAE run (use `recurvit train --resume`)")
+    if state is not None:
+        log(check_resume(str(out), state["epoch"], config_changes(as_dict(config_from_dict(state["config"])),
+                                                                   as_dict(cfg))))
     if cfg.train.threads > 0:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)
@@ -93,14 +101,15 @@ def train_vae(cfg: VAERunConfig, out: Path, resume: bool = False, log: Callable 
         ckpt_io.load_state(model, state["model"], out / "last.pt")
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
+        follow_config(opt, sched, tc, len(train_loader))
         if disc is not None and "disc" in state:
             disc.load_state_dict(state["disc"])
             dopt.load_state_dict(state["disc_optimizer"])
         start_epoch, best = state["epoch"], state["best_psnr"]
         elapsed, step = state.get("train_seconds", 0.0), state.get("step", 0)
         ckpt_io.set_rng_state(state.get("rng"))
-        _truncate_metrics(out / "metrics.jsonl", start_epoch)
-    save_vae_config(cfg, out / "config.yaml")
+        run.truncate_metrics(start_epoch)
+    run.write_config(to_yaml(cfg))
     cfg_dict = as_dict(cfg)
 
     apps = model.block_applications()
@@ -109,7 +118,7 @@ def train_vae(cfg: VAERunConfig, out: Path, resume: bool = False, log: Callable 
         f"{apps['encoder']}+{apps['decoder']} block applications) on {info.name} "
         f"({info.n_train} train / {info.n_test} test, {info.img_size}x{info.img_size}), device {device}; "
         f"mean-image baseline PSNR {baseline['psnr']:.2f} dB (test set's own mean: {baseline['oracle_psnr']:.2f} dB)")
-    metrics: Dict[str, float] = {}
+    metrics: Dict[str, float] = (state or {}).get("metrics", {})
     for epoch in range(start_epoch, tc.epochs):
         if hasattr(train_set, "set_epoch"):
             train_set.set_epoch(epoch)
@@ -122,27 +131,23 @@ def train_vae(cfg: VAERunConfig, out: Path, resume: bool = False, log: Callable 
             metrics.update(test_psnr=ev["psnr"], test_ssim=ev["ssim"], test_l1=ev["l1"], test_kl=ev["kl"],
                            test_out_of_range=ev["out_of_range"])
         metrics.update(baseline_psnr=baseline["psnr"], baseline_oracle_psnr=baseline["oracle_psnr"], train_seconds=elapsed)
-        with open(out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(metrics) + "\n")
+        run.append_metrics(metrics)
         record = {"format": ckpt_io.FORMAT, "task": TASK, "config": cfg_dict, "model": model.state_dict(),
                   "epoch": epoch + 1}
         if "test_psnr" in metrics and metrics["test_psnr"] > best:
             best = metrics["test_psnr"]
-            ckpt_io.save_atomic({**record, "test_psnr": best}, out / "best.pt")
+            run.save("best.pt", {**record, "test_psnr": best})
         last = {**record, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "best_psnr": best,
-                "train_seconds": elapsed, "step": step, "rng": ckpt_io.rng_state()}
+                "train_seconds": elapsed, "step": step, "rng": ckpt_io.rng_state(), "metrics": metrics}
         if disc is not None:
             last.update(disc=disc.state_dict(), disc_optimizer=dopt.state_dict())
-        ckpt_io.save_atomic(last, out / "last.pt")
+        run.save("last.pt", last)
         if "test_psnr" in metrics:
             log(f"epoch {epoch + 1:>3}/{tc.epochs}  loss {m['train_loss']:.4f}  recon {m['train_recon']:.4f}  "
                 f"kl {m['train_kl']:.1f}  test_psnr {metrics['test_psnr']:.2f} dB  test_ssim {metrics['test_ssim']:.4f}  "
                 f"{m['img_per_s']:.0f} img/s  {m['seconds']:.1f}s")
         if stop_after is not None and epoch + 1 >= stop_after:
             break
-    if not metrics:  # resumed a finished run
-        lines = (out / "metrics.jsonl").read_text().splitlines()
-        metrics = json.loads(lines[-1]) if lines else {}
     return metrics
 
 
@@ -152,7 +157,7 @@ def _train_one_epoch(model, loader, opt, sched, device, cfg: VAERunConfig, epoch
     tc = cfg.train
     sums = {"loss": 0.0, "recon": 0.0, "kl": 0.0, "lpips": 0.0, "g_adv": 0.0, "d_loss": 0.0}
     n, t0 = 0, time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False, disable=not tc.progress, dynamic_ncols=True)
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False, disable=not show_progress(tc.progress), dynamic_ncols=True)
     for x in bar:
         x = x.to(device, non_blocking=True)
         adv_on = disc is not None and step >= tc.adv.start_step
@@ -173,7 +178,8 @@ def _train_one_epoch(model, loader, opt, sched, device, cfg: VAERunConfig, epoch
             loss = loss + tc.adv.weight * g
             sums["g_adv"] += g.item() * len(x)
         if not torch.isfinite(loss):
-            raise UserError(f"training diverged (loss={loss.item()}) at epoch {epoch + 1}; lower train.lr or raise train.grad_clip")
+            raise UserError(f"training diverged (loss={loss.item()}) at epoch {epoch + 1}; lower train.lr, or clip "
+                            "harder with a smaller train.grad_clip, and --resume the run with it")
         optimizer_step(model, opt, sched, loss, tc.grad_clip)
         if adv_on:
             d = d_hinge_loss(disc(x), disc(xr.detach()))
@@ -193,15 +199,6 @@ def _train_one_epoch(model, loader, opt, sched, device, cfg: VAERunConfig, epoch
          if k in ("loss", "recon", "kl") or (k == "lpips" and lpips is not None) or (k in ("g_adv", "d_loss") and disc is not None)}
     m.update(img_per_s=n / secs, seconds=secs)
     return m, step
-
-
-def _truncate_metrics(path: Path, epochs: int) -> None:
-    """Drop metric lines written after the checkpoint we resume from (a crash between the two)."""
-    if not path.exists():
-        return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    keep = [ln for ln in lines if json.loads(ln).get("epoch", 0) <= epochs]
-    path.write_text("".join(ln + "\n" for ln in keep))
 
 
 __all__ = ["train_vae", "resolve_vae_config"]

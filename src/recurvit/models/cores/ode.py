@@ -48,6 +48,14 @@ Function evaluations (torchdiffeq 0.2.5, measured; see tests/test_ode.py)
 ``core.nfe`` counts the forward integration only; with ``adjoint`` the evaluations of the
 backward (adjoint) solve are counted in ``core.nfe_adjoint``.
 
+Refinement at evaluation
+------------------------
+``refine=n`` keeps the output grid t_k = k h (and so the integration span and what the step
+conditioning sees) but lets a fixed-step method take n steps of size h / n per grid interval: the
+SAME trained field solved more finely (NFE x n). As n grows the states converge to the exact flow
+of the field, which separates "numerical refinement" from "the solver as an architectural bias"
+(a field trained with one method evaluated with another: ``method=``).
+
 Notes
 -----
 - ``grad_last=k`` (truncated backprop) is supported: the first steps - k grid intervals are
@@ -61,6 +69,7 @@ Notes
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -69,8 +78,8 @@ from torchdiffeq import odeint, odeint_adjoint
 from torchdiffeq._impl.odeint import SOLVERS
 from torchdiffeq._impl.solvers import FixedGridODESolver
 
-from ..layers.step_cond import StepConditioning
-from .cores import Core
+from ...layers.step_cond import STEP_CONDITIONING, StepConditioning
+from .base import Core, check_choice
 
 FIELDS = ("state_subtracted", "black_box")
 METHODS: Tuple[str, ...] = tuple(m for m in SOLVERS if m != "scipy_solver")
@@ -84,10 +93,6 @@ def check_method(method: str) -> str:
     if method not in METHODS:
         raise ValueError(f"ODE method must be one of {', '.join(METHODS)}; got '{method}'")
     return method
-
-
-def is_fixed_step(method: str) -> bool:
-    return check_method(method) in FIXED_METHODS
 
 
 def solver_stages(method: str) -> Optional[int]:
@@ -162,6 +167,7 @@ class _Stats:
     def reset(self):
         self.forward = True
         self.nfe = self.nfe_adjoint = self.accepted = self.rejected = 0
+        self.t = 0.0  # time of the latest field evaluation (probes attribute calls to steps by it)
 
 
 class BlockField(nn.Module):
@@ -188,6 +194,7 @@ class BlockField(nn.Module):
     def forward(self, t: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         if self.stats.forward:
             self.stats.nfe += 1
+            self.stats.t = float(t.detach()) if torch.is_tensor(t) else float(t)
         else:
             self.stats.nfe_adjoint += 1
         k = self.step_index(t) if self.cond.kind != "none" else 0
@@ -213,28 +220,85 @@ class _AdaptiveBlockField(BlockField):
             self.stats.rejected += 1
 
 
+@dataclass
+class ODEOptions:
+    field: str = "state_subtracted"  # state_subtracted: dz/dt = F(z) - z; black_box: dz/dt = F(z)
+    method: str = "euler"  # torchdiffeq method name (METHODS)
+    t_end: Optional[float] = None  # integration span at the trained steps (None: = steps, so h = 1)
+    rtol: float = 1e-3  # adaptive methods only
+    atol: float = 1e-4  # adaptive methods only
+    adjoint: bool = False  # odeint_adjoint: O(1) memory in the number of steps
+    time_cond: bool = False  # feed continuous time t to the field (learned embedding of t)
+    step_cond: str = "none"  # none | embed | scale, indexed by the grid interval (layers/step_cond.py)
+    reinject: bool = False  # add the embedded input to the block's input at every evaluation
+    refine: int = 1  # fixed-step methods: n solver steps of h / n per grid interval (evaluation)
+
+
 class ODECore(Core):
     """The shared block ``blocks[0]`` as a vector field, integrated over [0, steps * h]."""
 
-    kind = "ode"
-    recurrent = True
+    name = "ode"
+    Options = ODEOptions
+    shares_blocks = True
 
     def __init__(self, cfg):
-        super().__init__(cfg.steps)
-        if cfg.field not in FIELDS:
-            raise ValueError(f"field must be one of {', '.join(FIELDS)}; got '{cfg.field}'")
-        self.field = cfg.field
-        self.method = check_method(cfg.method)
-        self.t_end = float(cfg.steps if cfg.t_end is None else cfg.t_end)
-        if not self.t_end > 0:
-            raise ValueError(f"t_end must be > 0, got {cfg.t_end}")
-        if not (cfg.rtol > 0 and cfg.atol > 0):
-            raise ValueError(f"rtol and atol must be > 0, got rtol={cfg.rtol}, atol={cfg.atol}")
+        super().__init__(cfg)
+        o = self.opts
+        self.field, self.method = o.field, o.method
+        self.t_end = float(cfg.steps if o.t_end is None else o.t_end)
         self.step_size = self.t_end / cfg.steps  # h: the nominal grid spacing
-        self.rtol, self.atol, self.adjoint = float(cfg.rtol), float(cfg.atol), bool(cfg.adjoint)
-        self.cond = StepConditioning(cfg.step_cond, cfg.steps, cfg.embed_dim, cfg.reinject)
-        self.time_embed = TimeEmbedding(cfg.embed_dim) if cfg.time_cond else None
+        self.refine = int(o.refine)
+        self.rtol, self.atol, self.adjoint = float(o.rtol), float(o.atol), bool(o.adjoint)
+        self.cond = StepConditioning(o.step_cond, cfg.steps, cfg.embed_dim, o.reinject)
+        self.time_embed = TimeEmbedding(cfg.embed_dim) if o.time_cond else None
         self._stats = _Stats()
+        self._running_steps = cfg.steps
+
+    # ------------------------------------------------------------ config side
+    @classmethod
+    def check_options(cls, o) -> None:
+        check_choice("field", o.field, FIELDS)
+        check_method(o.method)
+        check_choice("step_cond", o.step_cond, STEP_CONDITIONING)
+        if o.t_end is not None and not float(o.t_end) > 0:
+            raise ValueError(f"t_end must be > 0, got {o.t_end}")
+        if not (o.rtol > 0 and o.atol > 0):
+            raise ValueError(f"rtol and atol must be > 0, got rtol={o.rtol}, atol={o.atol}")
+        if int(o.refine) < 1:
+            raise ValueError(f"refine must be >= 1, got {o.refine}")
+        if int(o.refine) > 1 and o.method not in FIXED_METHODS:
+            raise ValueError(f"refine applies to fixed-step methods ({', '.join(FIXED_METHODS)}); "
+                             f"'{o.method}' chooses its own steps (tighten rtol / atol instead)")
+
+    @classmethod
+    def calls_per_step(cls, cfg) -> Optional[int]:
+        s = solver_stages(cfg.options.method)
+        return None if s is None else s * int(cfg.options.refine)
+
+    @classmethod
+    def block_uses(cls, cfg, steps: Optional[int] = None) -> Optional[List[int]]:
+        per_step = cls.calls_per_step(cfg)
+        if per_step is None:  # multistep / adaptive: counted by running it (core.nfe)
+            return None
+        return [(cfg.steps if steps is None else int(steps)) * per_step]
+
+    @classmethod
+    def describe(cls, cfg) -> str:
+        o = cfg.options
+        refine = f" h/{o.refine}" if int(o.refine) > 1 else ""
+        return f"{cls.name} {o.method}/{o.field}{refine}"
+
+    @property
+    def current_time(self) -> float:
+        return self._stats.t
+
+    def step_of_call(self, call: int) -> int:
+        per_step = solver_stages(self.method)
+        if per_step is not None:
+            k = call // (per_step * self.refine) + 1
+        else:  # adaptive / multistep: the time of the current evaluation decides
+            k = math.floor(self._stats.t / self.step_size + _GRID_TOL) + 1
+        return min(max(k, 1), max(self._running_steps, 1))
 
     # ------------------------------------------------------------ reporting
     @property
@@ -268,13 +332,14 @@ class ODECore(Core):
             params = list(field.parameters())
             if field.x0 is not None and self.cond.reinject and field.x0.requires_grad:
                 params.append(field.x0)
-        return integrate(field, z, t, self.method, self.step_size, self.rtol, self.atol, adjoint, params)
+        return integrate(field, z, t, self.method, self.step_size / self.refine, self.rtol, self.atol, adjoint, params)
 
     # ------------------------------------------------------------- forward
     def states(self, blocks, z, steps, grad_last=None) -> Iterator[torch.Tensor]:
         stats = self._stats
         stats.reset()
         self.nfe = 0
+        self._running_steps = steps
         field = self.make_field(blocks, z)
         tdtype = z.dtype if z.dtype in (torch.float32, torch.float64) else torch.float32
         t = self.time_grid(steps, z.device, tdtype)
@@ -298,4 +363,4 @@ class ODECore(Core):
 
     def extra_repr(self) -> str:
         return (f"field={self.field}, method={self.method}, t_end={self.t_end:g}, "
-                f"step_size={self.step_size:g}, adjoint={self.adjoint}")
+                f"step_size={self.step_size:g}, refine={self.refine}, adjoint={self.adjoint}")

@@ -1,0 +1,175 @@
+"""What every depth core is and answers for itself.
+
+A core turns embedded tokens into a sequence of states. The blocks live on the model
+(``model.blocks``) and are passed in, so a bViT, its ODE twin and its SoftMoR twin share state_dict
+keys; a core holds only its OWN parameters (step conditioning, routers, time embeddings).
+
+Everything the rest of the package needs to know about a core is asked of its class, from a
+config alone (no model is built), so accounting, matching, the study runner, fine-tuning and eval
+never branch on a core's name:
+
+=========================  ======================================================================
+``name``                   the key of the core in ``cores.CORES`` (``model.core=<name>``)
+``Options``                a dataclass of the core's own options with their defaults; any other
+                           option given to this core is an error (``parse_options``)
+``shares_blocks``          True when fewer blocks are stored than applied (a recurrence)
+``partner``                the core a matched comparison pairs this one with (``recurvit match``)
+``resolve(cfg)``           fills ``cfg.steps`` and ``cfg.options`` and checks ``cfg.depth``
+``num_blocks(cfg)``        blocks the model stores for this config
+``block_uses(cfg, k)``     applications of each block in one forward of k steps (None: data-dependent)
+``step_limit(cfg)``        the most steps it can run (None: any number)
+``own_flops(cfg, k)``      matmul FLOPs per image of the core's own parts (routers), closed form
+``calls_per_step(cfg)``    calls of ONE shared block per step (None: not one shared block / varies)
+``unrollable(cfg)``        step k is exactly ``block(z)`` with step-k weights (per-step adapters unroll)
+``describe(cfg)``          a short label of how it runs ("ode rk4/state_subtracted")
+=========================  ======================================================================
+
+and of an instance: ``states(blocks, z, steps, grad_last)`` (the state after each step, in ONE
+pass), ``nfe`` (block applications of the last forward) and ``step_of_call(n)`` (the 1-based step
+of the n-th block call of the running forward, for probes).
+
+A new core is one file defining a subclass, plus one entry in ``CORES`` (cores/__init__.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from contextlib import nullcontext
+from typing import Any, ClassVar, Dict, Iterator, List, Mapping, Optional
+
+import torch
+import torch.nn as nn
+
+
+@dataclasses.dataclass
+class NoOptions:
+    """A core without options of its own."""
+
+
+class Core(nn.Module):
+    name: ClassVar[str] = "base"
+    Options: ClassVar[type] = NoOptions
+    shares_blocks: ClassVar[bool] = False
+    partner: ClassVar[str] = "stack"
+    DEFAULT_STEPS: ClassVar[int] = 12  # trained steps when a config gives none
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.opts = cfg.options  # the resolved Options of this core
+        self.nominal_steps = int(cfg.steps)
+        self.nfe = 0  # block applications in the last forward pass
+        self.cfg = cfg
+        self.limit = type(self).step_limit(cfg)  # the most steps it can run (None: any)
+
+    # ------------------------------------------------------------------ the config side
+    @classmethod
+    def option_names(cls) -> List[str]:
+        return [f.name for f in dataclasses.fields(cls.Options)]
+
+    @classmethod
+    def parse_options(cls, given: Optional[Mapping[str, Any]]) -> Any:
+        """The core's Options from a mapping (None values mean "not given": the default)."""
+        if isinstance(given, cls.Options):
+            return given
+        given = {k: v for k, v in dict(given or {}).items() if v is not None}
+        names = cls.option_names()
+        foreign = sorted(set(given) - set(names))
+        if foreign:
+            has = f"its options: {', '.join(names)}" if names else "it has no options"
+            raise ValueError(f"{', '.join(foreign)} {'does' if len(foreign) == 1 else 'do'} not apply to the "
+                             f"{cls.name} core ({has})")
+        opts = cls.Options(**given)
+        cls.check_options(opts)
+        return opts
+
+    @classmethod
+    def check_options(cls, opts) -> None:
+        """Raise ValueError for an option value the core cannot run with."""
+
+    @classmethod
+    def default_steps(cls, cfg) -> int:
+        return cls.DEFAULT_STEPS
+
+    @classmethod
+    def resolve(cls, cfg) -> None:
+        """Fill ``cfg.options`` (the Options dataclass) and ``cfg.steps``; check the depth."""
+        cfg.options = cls.parse_options(cfg.options)
+        if cfg.steps is None:
+            cfg.steps = cls.default_steps(cfg)
+        if int(cfg.steps) < 1:
+            raise ValueError(f"steps must be >= 1, got {cfg.steps}")
+        if cls.shares_blocks and cls.num_blocks(cfg) == 1 and cfg.depth != 1:
+            raise ValueError(f"the {cls.name} core runs ONE shared block, so depth={cfg.depth} does not apply "
+                             f"(set steps=K for K applications, or depth=1)")
+
+    @staticmethod
+    def normalize_overrides(base: Dict[str, Any], overrides: Dict[str, Any]) -> Dict[str, Any]:
+        """Preset values + overrides -> the keyword set to build (a stack maps steps to depth)."""
+        return {**base, **overrides}
+
+    @classmethod
+    def num_blocks(cls, cfg) -> int:
+        return 1 if cls.shares_blocks else int(cfg.depth)
+
+    @classmethod
+    def block_uses(cls, cfg, steps: Optional[int] = None) -> Optional[List[int]]:
+        raise NotImplementedError
+
+    @classmethod
+    def block_applications(cls, cfg, steps: Optional[int] = None) -> Optional[int]:
+        uses = cls.block_uses(cfg, steps)
+        return None if uses is None else sum(uses)
+
+    @classmethod
+    def step_limit(cls, cfg) -> Optional[int]:
+        return None
+
+    @classmethod
+    def own_flops(cls, cfg, steps: Optional[int] = None) -> Optional[int]:
+        return 0
+
+    @classmethod
+    def calls_per_step(cls, cfg) -> Optional[int]:
+        return None
+
+    @classmethod
+    def unrollable(cls, cfg) -> bool:
+        return False
+
+    @classmethod
+    def describe(cls, cfg) -> str:
+        return cls.name
+
+    # ------------------------------------------------------------------ the module side
+    def check_steps(self, steps: Optional[int]) -> int:
+        steps = self.nominal_steps if steps is None else int(steps)
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        if self.limit is not None and steps > self.limit:
+            raise ValueError(f"this {self.name} model runs at most {self.limit} steps: steps must be <= {self.limit}, "
+                             f"got {steps}")
+        return steps
+
+    def states(self, blocks: nn.ModuleList, z: torch.Tensor, steps: int,
+               grad_last: Optional[int] = None) -> Iterator[torch.Tensor]:
+        raise NotImplementedError
+
+    def step_of_call(self, call: int) -> int:
+        """1-based step of the ``call``-th (0-based) block call of the running forward."""
+        return call + 1
+
+    @property
+    def current_time(self) -> Optional[float]:
+        """Continuous time of the running block call (continuous-depth cores; else None)."""
+        return None
+
+
+def grad_ctx(t: int, steps: int, grad_last: Optional[int]):
+    """Truncated backpropagation: only the last ``grad_last`` steps record a graph."""
+    if grad_last is None or grad_last <= 0 or t >= steps - grad_last:
+        return nullcontext()
+    return torch.no_grad()
+
+
+def check_choice(name: str, value: Any, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}; got '{value}'")

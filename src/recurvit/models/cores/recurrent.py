@@ -1,0 +1,59 @@
+"""``Recurrent``: one block applied T times, z_{t+1} = F_t(z_t) (bViT).
+
+F_t is the block with optional step conditioning and input re-injection (layers/step_cond.py);
+without either it is exactly z_{t+1} = F(z_t).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from ...layers.step_cond import STEP_CONDITIONING, StepConditioning
+from .base import Core, check_choice, grad_ctx
+
+
+@dataclass
+class RecurrentOptions:
+    step_cond: str = "none"  # none | embed | scale (layers/step_cond.py)
+    reinject: bool = False  # add the embedded input to the block's input at every step
+
+
+class Recurrent(Core):
+    name = "recurrent"
+    Options = RecurrentOptions
+    shares_blocks = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.cond = StepConditioning(self.opts.step_cond, cfg.steps, cfg.embed_dim, self.opts.reinject)
+
+    @classmethod
+    def check_options(cls, opts) -> None:
+        check_choice("step_cond", opts.step_cond, STEP_CONDITIONING)
+
+    @classmethod
+    def block_uses(cls, cfg, steps: Optional[int] = None) -> List[int]:
+        return [cfg.steps if steps is None else int(steps)]
+
+    @classmethod
+    def calls_per_step(cls, cfg) -> int:
+        return 1
+
+    @classmethod
+    def unrollable(cls, cfg) -> bool:
+        return cfg.options.step_cond == "none" and not cfg.options.reinject
+
+    @classmethod
+    def describe(cls, cfg) -> str:
+        o = cfg.options
+        return " ".join([cls.name] + ([f"step_cond={o.step_cond}"] if o.step_cond != "none" else [])
+                        + (["reinject"] if o.reinject else []))
+
+    def states(self, blocks, z, steps, grad_last=None):
+        self.nfe = 0
+        block, x0 = blocks[0], z
+        for t in range(steps):
+            with grad_ctx(t, steps, grad_last):
+                z = self.cond(block, z, t, x0)
+            self.nfe += 1
+            yield z

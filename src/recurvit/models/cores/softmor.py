@@ -1,0 +1,298 @@
+"""Soft Mixture-of-Recursions (SoftMoR): the core of SR-ViT.
+
+A recursion *unit* U is applied r = ``cfg.recursions`` times to its input x,
+
+    h_1 = U(x),  h_i = U(h_{i-1})  (i = 2..r),
+
+a router scores every token's state after each recursion step, a softmax over the steps gives
+each token its own mixture weights, and the token-wise mixture is the unit's output:
+
+    s_i(t) = w_u . LN(h_i(t)) + b_{u,i}
+    p(t)   = softmax_i s_i(t)                     (over the steps i = 1..r, per token t)
+    m(t)   = sum_i p_i(t) h_i(t)                  (what the next unit, or the readout, sees)
+
+Sharing layouts (``cfg.layout``)
+--------------------------------
+- ``inplace``: every block l of the L-block model is a unit (block l recursed r times in place);
+  the mixture of unit l is the input of block l + 1. L units, one router each.
+- ``cycle``: the whole L-block stack is the unit, cycled r times; h_i is the output of the i-th
+  pass through the stack and the mixture goes to the readout. One unit, one router.
+
+Both layouts apply every block r times: ``nfe`` = L * r block applications at the full depth.
+
+Routers (the only parameters this core adds; ``router=``)
+---------------------------------------------------------
+Scores are taken on token states normalised by a *parameter-free* LayerNorm (no affine: the norm
+of the residual stream grows with recursion, and a raw-state scorer would mostly score that
+growth), written LN below; b_{u,i} is a learned, token-independent prior over the steps (a single
+bias per unit would cancel in the softmax; a common shift of b_u is still a free gauge).
+
+- ``linear`` (default): s_i(t) = w_u . LN(h_i(t)) + b_{u,i}, a linear scorer per unit.
+  Parameters per unit: D + r. Stored as ``core.weight`` (units, D), ``core.bias`` (units, r).
+- ``query``: s_i(t) = (W_u LN(x(t))) . LN(h_i(t)) / sqrt(D) + b_{u,i}: a D x D query projection
+  of the unit's INPUT x, scored against each normalised step output, so what a token reads
+  depends on where it came from (the size of the paper's router, about D^2 per unit: SR-ViT-S,
+  r = 4, 224 px adds 1.77M). Parameters per unit: D^2 + r. Stored as ``core.query`` (units, D, D),
+  ``core.bias`` (units, r).
+
+Exact cost (units U = L for ``inplace``, 1 for ``cycle``): ``router_params`` = U (D + r) or
+U (D^2 + r); matmul FLOPs per image with T tokens (``router_flops``): linear 2 T D per scored step,
+query 2 T D^2 per unit run + 2 T D per scored step.
+
+Every router parameter starts at ZERO, so an untrained router mixes the steps uniformly
+(p_i = 1 / r). They are plain Parameters: the ViT weight init (Linear / LayerNorm modules only)
+leaves them at zero.
+
+With r = 1 the mixture has a single element with weight exactly 1 (softmax of one score), so the
+model computes exactly the plain ViT of the same shape, whatever the router holds; the router
+then gets (exactly) zero gradients.
+
+Plain recursion (``mixture="last"``)
+------------------------------------
+The same recursion with the unit's LAST step output passed on, no router and no mixture: the
+baseline the SoftMoR abstract argues against ("simply increasing recursion depth does not reliably
+improve performance"). With r = 1 it is also exactly the ViT.
+
+What a step is (``states`` / ``forward_steps``)
+-----------------------------------------------
+- ``inplace``: a step is one UNIT (block l with its r recursions and its mixture). ``states``
+  yields the mixture after each unit, so ``forward_steps`` is a layer-wise readout as for the
+  ViT; nominal_steps = core.limit = L and ``model(x, steps=k)`` runs the first k units.
+- ``cycle``: a step is one CYCLE (a full pass through the stack). ``states`` yields the mixture
+  over the passes so far, m_c = sum_{i<=c} softmax_{i<=c}(s_i) h_i; the scores s_i do not depend
+  on c, so ``model(x, steps=c)`` is the model recursed c times and equals step c of a longer run.
+  nominal_steps = core.limit = r.
+
+In both layouts ``forward_steps(x, K)[k-1] == model(x, steps=k)``.
+
+``grad_last=k`` (truncated backprop): the block applications of all but the last k steps run
+without a graph; router scores and mixtures always record one (they are cheap, and in the
+``cycle`` layout the final mixture still weighs every pass).
+
+``core.last_weights``: after a forward, a list with one detached float32 tensor (B, T, r) per
+unit run (``cycle``: one entry with one column per cycle run), positive, summing to one over the
+steps. Router scores and the softmax run in float32 (autocast off); the mixture is taken in the
+states' dtype.
+
+Options (``SoftMoROptions``): recursions, layout, router, mixture. ``cfg.steps`` is L for
+``inplace`` and r for ``cycle``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .base import Core, check_choice, grad_ctx
+
+LAYOUTS = ("inplace", "cycle")
+ROUTERS = ("linear", "query")
+MIXTURES = ("soft", "last")
+MAX_RECURSIONS = 4  # the range studied by SoftMoR (r = 1..4)
+_LN_EPS = 1e-6
+
+
+@dataclass
+class SoftMoROptions:
+    recursions: int = 1  # r: times each unit is recursed
+    layout: str = "inplace"  # inplace: each block recursed r times; cycle: the whole stack cycled r times
+    router: str = "linear"  # linear: w . LN(h_i); query: (W LN(x)) . LN(h_i) / sqrt(D)
+    mixture: str = "soft"  # soft: token-wise softmax over the steps; last: plain recursion (no router)
+
+
+def _no_autocast(t: torch.Tensor):
+    """Autocast off on ``t``'s device (a no-op context on devices without autocast, e.g. meta)."""
+    try:
+        return torch.autocast(t.device.type, enabled=False)
+    except RuntimeError:
+        return nullcontext()
+
+
+def check_recursions(r) -> int:
+    if isinstance(r, bool) or not isinstance(r, numbers.Integral) or not 1 <= int(r) <= MAX_RECURSIONS:
+        raise ValueError(f"recursions must be an integer in 1..{MAX_RECURSIONS}, got {r!r}")
+    return int(r)
+
+
+def num_units(cfg) -> int:
+    """Routed units: L blocks (inplace) or the one stack (cycle)."""
+    return cfg.depth if cfg.options.layout == "inplace" else 1
+
+
+def router_params(cfg) -> int:
+    """Parameters the router adds to the plain ViT of the same shape (0 for plain recursion)."""
+    o = cfg.options
+    if o.mixture == "last":
+        return 0
+    per_unit = cfg.embed_dim ** 2 if o.router == "query" else cfg.embed_dim
+    return num_units(cfg) * (per_unit + o.recursions)
+
+
+def router_flops(cfg, steps: Optional[int] = None, tokens: Optional[int] = None) -> int:
+    """Matmul FLOPs per image of the router in a forward of ``steps`` steps (closed form)."""
+    o = cfg.options
+    if o.mixture == "last":
+        return 0
+    k = cfg.steps if steps is None else int(steps)
+    T = tokens if tokens is not None else cfg.num_patches + (1 if cfg.class_token else 0)
+    D = cfg.embed_dim
+    units_run, scored = (k, k * o.recursions) if o.layout == "inplace" else (1, k)
+    query = units_run * 2 * T * D * D if o.router == "query" else 0
+    return query + scored * 2 * T * D
+
+
+class SoftMoRCore(Core):
+    """Each unit recursed r times; a token-wise softmax over the steps mixes their outputs."""
+
+    name = "softmor"
+    Options = SoftMoROptions
+    shares_blocks = True  # every block is applied r times
+    DEFAULT_STEPS = 1
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        o = self.opts
+        self.layout, self.recursions, self.depth = o.layout, o.recursions, int(cfg.depth)
+        self.router, self.mixture = o.router, o.mixture
+        units = num_units(cfg)
+        self.weight = self.query = self.bias = None
+        if self.mixture == "soft":
+            if self.router == "linear":
+                self.weight = nn.Parameter(torch.zeros(units, cfg.embed_dim))  # w_u
+            else:
+                self.query = nn.Parameter(torch.zeros(units, cfg.embed_dim, cfg.embed_dim))  # W_u
+            self.bias = nn.Parameter(torch.zeros(units, self.recursions))  # b_{u,i}
+        self.last_weights: List[torch.Tensor] = []
+
+    # ------------------------------------------------------------- config side
+    @classmethod
+    def check_options(cls, o) -> None:
+        check_recursions(o.recursions)
+        check_choice("layout", o.layout, LAYOUTS)
+        check_choice("router", o.router, ROUTERS)
+        check_choice("mixture", o.mixture, MIXTURES)
+        if o.mixture == "last" and o.router != "linear":
+            raise ValueError("router does not apply with mixture=last (plain recursion has no router)")
+
+    @classmethod
+    def default_steps(cls, cfg) -> int:
+        return int(cfg.depth) if cfg.options.layout == "inplace" else int(cfg.options.recursions)
+
+    @classmethod
+    def resolve(cls, cfg) -> None:
+        super().resolve(cfg)
+        want = cls.default_steps(cfg)
+        if cfg.steps != want:
+            what = "depth (one step per block)" if cfg.options.layout == "inplace" else "recursions (one step per cycle)"
+            raise ValueError(f"a softmor {cfg.options.layout} model has steps = {what}; got steps={cfg.steps}, "
+                             f"depth={cfg.depth}, recursions={cfg.options.recursions}")
+
+    @classmethod
+    def num_blocks(cls, cfg) -> int:
+        return int(cfg.depth)
+
+    @classmethod
+    def block_uses(cls, cfg, steps: Optional[int] = None) -> List[int]:
+        k = cfg.steps if steps is None else int(steps)
+        o = cfg.options
+        if o.layout == "inplace":  # the first k blocks, each recursed r times
+            return [o.recursions if i < k else 0 for i in range(cfg.depth)]
+        return [k] * cfg.depth  # cycle: the whole stack once per cycle
+
+    @classmethod
+    def step_limit(cls, cfg) -> int:
+        return cls.default_steps(cfg)
+
+    @classmethod
+    def own_flops(cls, cfg, steps: Optional[int] = None) -> int:
+        return router_flops(cfg, steps)
+
+    @classmethod
+    def describe(cls, cfg) -> str:
+        o = cfg.options
+        how = "last" if o.mixture == "last" else f"soft/{o.router}"
+        return f"{cls.name} r={o.recursions} {o.layout} {how}"
+
+    def step_of_call(self, call: int) -> int:
+        return call // self.recursions + 1 if self.layout == "inplace" else call // self.depth + 1
+
+    # ------------------------------------------------------------- router
+    def score(self, u: int, i: int, h: torch.Tensor, q: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """s_{u,i}(t) for the state h (B, T, D) -> (B, T), in float32 (``q``: the query router's
+        projected unit input, (B, T, D))."""
+        with _no_autocast(h):  # the router runs in float32 under AMP too
+            hn = F.layer_norm(h.float(), h.shape[-1:], eps=_LN_EPS)
+            s = (hn * q).sum(-1) if q is not None else hn @ self.weight[u].float()
+            return s + self.bias[u, i].float()
+
+    def unit_query(self, u: int, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """W_u LN(x) / sqrt(D) for the query router (None for the linear one)."""
+        if self.query is None:
+            return None
+        with _no_autocast(x):
+            xn = F.layer_norm(x.float(), x.shape[-1:], eps=_LN_EPS)
+            return xn @ self.query[u].float().t() / math.sqrt(x.shape[-1])  # (B, T, D)
+
+    def mix(self, hs: List[torch.Tensor], scores: List[torch.Tensor]):
+        """Token-wise softmax over the steps and the weighted sum of their states."""
+        with _no_autocast(hs[0]):
+            p = torch.softmax(torch.stack(scores, dim=-1), dim=-1)  # (B, T, n), float32
+        if len(hs) == 1:
+            m = hs[0] * p[..., 0:1].to(hs[0].dtype)  # p = 1 exactly: m = h_1 bit for bit
+        else:
+            m = (torch.stack(hs, dim=-2) * p.unsqueeze(-1).to(hs[0].dtype)).sum(dim=-2)
+        return m, p
+
+    # ------------------------------------------------------------- forward
+    def states(self, blocks, z, steps, grad_last=None) -> Iterator[torch.Tensor]:
+        self.nfe = 0
+        self.last_weights = []
+        if len(blocks) != self.depth:
+            raise ValueError(f"softmor core built for {self.depth} blocks, got {len(blocks)}")
+        if self.layout == "inplace":
+            yield from self._inplace(blocks, z, steps, grad_last)
+        else:
+            yield from self._cycle(blocks, z, steps, grad_last)
+
+    def _inplace(self, blocks, z, steps, grad_last):
+        for l in range(steps):
+            q = self.unit_query(l, z)
+            hs, scores = [], []
+            for i in range(self.recursions):
+                with grad_ctx(l, steps, grad_last):
+                    z = blocks[l](z)
+                self.nfe += 1
+                if self.mixture == "soft":
+                    hs.append(z)
+                    scores.append(self.score(l, i, z, q))
+            if self.mixture == "soft":
+                z, p = self.mix(hs, scores)
+                self.last_weights.append(p.detach())
+            yield z
+
+    def _cycle(self, blocks, z, steps, grad_last):
+        q = self.unit_query(0, z)
+        hs, scores = [], []
+        for c in range(steps):
+            with grad_ctx(c, steps, grad_last):
+                for block in blocks:
+                    z = block(z)
+                    self.nfe += 1
+            if self.mixture == "last":
+                yield z
+                continue
+            hs.append(z)
+            scores.append(self.score(0, c, z, q))
+            m, p = self.mix(hs, scores)
+            self.last_weights = [p.detach()]
+            yield m
+
+    def extra_repr(self) -> str:
+        return (f"layout={self.layout}, recursions={self.recursions}, router={self.router}, "
+                f"mixture={self.mixture}")

@@ -1,0 +1,7 @@
+"""Studies: a grid of runs from one study file (spec), trained and evaluated resumably (runner),
+reported with seed statistics and plots (report, plots, stats). ``recurvit study STUDY.yaml``."""
+from .report import write_report
+from .runner import collect, run_dir_root, run_study
+from .spec import Study, load_study
+
+__all__ = ["Study", "load_study", "run_study", "collect", "run_dir_root", "write_report"]

@@ -1,0 +1,140 @@
+"""Study plots, drawn with matplotlib's object API (``Figure``): the caller's backend is untouched.
+
+- ``acc_vs_params.png`` / ``acc_vs_flops.png``: accuracy at T against stored parameters / forward
+  FLOPs, recurrent and standard models as two Pareto fronts.
+- ``acc_vs_steps.png``: accuracy against test-time steps (training horizon and chance marked).
+- ``acc_vs_epoch.png``: test accuracy against epoch for the first seed of every cell.
+- ``frontier.png``: the accuracy-robustness frontier: nominal accuracy (at T) against accuracy
+  beyond the horizon (mean over T..4T, and at 16T), one point per cell with its 95% intervals.
+- ``psnr_vs_params.png`` (LoopVAE studies): PSNR against stored parameters.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple
+
+from matplotlib.figure import Figure
+
+
+def pareto(points: Sequence[Tuple[float, float]], lower_x: bool = True) -> List[Tuple[float, float]]:
+    """The upper-left front: points not beaten in y by a point of smaller (or equal) x."""
+    front, best = [], -math.inf
+    for x, y in sorted(points, key=lambda p: (p[0] if lower_x else -p[0], -p[1])):
+        if y > best:
+            front.append((x, y))
+            best = y
+    return front
+
+
+def _save(fig: Figure, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path)
+    return path.name
+
+
+def cost_fronts(cells: List[Dict[str, Any]], out: Path, name: str) -> List[Tuple[str, str]]:
+    made = []
+    for cost, fname, xlabel in (("params_stored", "acc_vs_params.png", "stored parameters"),
+                                ("flops_forward", "acc_vs_flops.png", "forward FLOPs per image")):
+        fig = Figure(figsize=(5.5, 3.6), dpi=120)
+        ax = fig.add_subplot()
+        for shared, color, label in ((True, "tab:blue", "recurrent (shared blocks)"),
+                                     (False, "tab:orange", "standard (independent blocks)")):
+            pts = [(c[cost], c["acc_T"]["mean"]) for c in cells
+                   if c["shares_blocks"] == shared and not math.isnan(c["acc_T"]["mean"])]
+            if not pts:
+                continue
+            ax.scatter(*zip(*pts), color=color, s=18, alpha=0.7, label=label)
+            ax.step(*zip(*pareto(pts)), where="post", color=color, lw=1.2)
+        ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("test accuracy at T")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title(f"{name}: accuracy vs {xlabel}", fontsize=9)
+        made.append((f"accuracy vs {xlabel}", _save(fig, out / fname)))
+    return made
+
+
+def horizon(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) -> Tuple[str, str]:
+    fig = Figure(figsize=(6.5, 4), dpi=120)
+    ax = fig.add_subplot()
+    for T in sorted({c["steps"] for c in cells if len(c["horizon"]) > 1}):
+        ax.axvline(T, color="k", ls="--", lw=0.8)
+    for c in cells:
+        if len(c["horizon"]) > 1:
+            ax.plot(range(1, len(c["horizon"]) + 1), c["horizon"], marker=".", ms=2, lw=1, label=c["cell"])
+    if not math.isnan(chance):
+        ax.axhline(chance, color="grey", ls=":", lw=1, label="chance")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("test-time steps (log scale; dashed: training horizon T)")
+    ax.set_ylabel("test accuracy (mean over seeds)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    ax.set_title(f"{name}: accuracy against test-time steps", fontsize=9)
+    return "accuracy against test-time steps", _save(fig, out / "acc_vs_steps.png")
+
+
+def epochs(cells: List[Dict[str, Any]], out: Path, name: str, key: str = "curve",
+           ylabel: str = "test accuracy") -> Tuple[str, str]:
+    fig = Figure(figsize=(6, 3.6), dpi=120)
+    ax = fig.add_subplot()
+    for c in cells:
+        ys = [y for y in c.get(key) or [] if y is not None]
+        if ys:
+            ax.plot(range(1, len(ys) + 1), ys, marker=".", ms=3, lw=1, label=c["cell"])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(f"{ylabel} (first seed)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    ax.set_title(f"{name}: {ylabel} against epoch", fontsize=9)
+    return f"{ylabel} against epoch", _save(fig, out / "acc_vs_epoch.png")
+
+
+def frontier(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) -> Tuple[str, str]:
+    """Nominal accuracy against beyond-horizon accuracy, two panels (mean T..4T, at 16T)."""
+    fig = Figure(figsize=(10, 4.2), dpi=120)
+    for i, (key, ylabel) in enumerate((("acc_mean_T_4T", "mean accuracy over T..4T"),
+                                       ("acc_16T", "accuracy at 16T"))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        pts = []
+        for c in cells:
+            x, y = c["acc_T"], c[key]
+            if math.isnan(x["mean"]) or math.isnan(y["mean"]):
+                continue
+            ax.errorbar(x["mean"], y["mean"], xerr=_err(x), yerr=_err(y), fmt="o", ms=4, capsize=2, lw=0.8)
+            ax.annotate(c["cell"], (x["mean"], y["mean"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+            pts.append((x["mean"], y["mean"]))
+        front = pareto([(-x, y) for x, y in pts])  # maximise both: higher x is "cheaper" here
+        if front:
+            xs, ys = zip(*sorted((-x, y) for x, y in front))
+            ax.plot(xs, ys, color="tab:red", lw=1, ls="--", label="Pareto front")
+        if key == "acc_16T" and not math.isnan(chance):
+            ax.axhline(chance, color="grey", ls=":", lw=1, label="chance")
+        ax.set_xlabel("nominal accuracy (at T)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{name}: accuracy-robustness frontier (95% intervals over seeds)", fontsize=9)
+    return "accuracy-robustness frontier", _save(fig, out / "frontier.png")
+
+
+def _err(ms: Dict[str, float]) -> float:
+    return 0.0 if math.isnan(ms["ci"]) else ms["ci"]
+
+
+def psnr_vs_params(cells: List[Dict[str, Any]], out: Path, name: str) -> Tuple[str, str]:
+    fig = Figure(figsize=(5.5, 3.6), dpi=120)
+    ax = fig.add_subplot()
+    for c in cells:
+        ax.errorbar(c["params_stored"], c["psnr"]["mean"], yerr=_err(c["psnr"]), fmt="o", ms=4, capsize=2)
+        ax.annotate(c["cell"], (c["params_stored"], c["psnr"]["mean"]), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("stored parameters")
+    ax.set_ylabel("test PSNR (dB)")
+    ax.grid(alpha=0.3)
+    ax.set_title(f"{name}: PSNR against stored parameters", fontsize=9)
+    return "PSNR against stored parameters", _save(fig, out / "psnr_vs_params.png")

@@ -1,0 +1,197 @@
+"""A study's generated files: results.csv (one row per run), report.md (cells with 95% intervals
+over seeds, the study's comparisons as Welch tests, its cost) and the plots of ``plots.py``."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from . import plots
+from .spec import SEED_KEY, Study
+from .stats import fmt_ci, fmt_p, mean_ci, welch
+
+ACC_KEYS = ["acc_T", "acc_2T", "acc_4T", "acc_8T", "acc_16T", "acc_mean_T_4T"]
+ACC_HEAD = {"acc_T": "acc@T", "acc_2T": "acc@2T", "acc_4T": "acc@4T", "acc_8T": "acc@8T", "acc_16T": "acc@16T",
+            "acc_mean_T_4T": "mean T..4T"}
+CSV_KEYS = {
+    "classify": ["model", "core", "runs_as", "embed_dim", "depth", "steps", "seed", "epochs", "params",
+                 "params_stored", "flops_forward", "nfe", "chance", *ACC_KEYS, "test_acc_final", "train_seconds",
+                 "eval_seconds"],
+    "vae": ["model", "operator", "core", "seed", "epochs", "params_stored", "params_effective", "flops_forward",
+            "block_applications", "psnr", "ssim", "out_of_range", "baseline_psnr", "ms_per_img", "train_seconds",
+            "eval_seconds"],
+}
+STAT_KEYS = {"classify": ACC_KEYS + ["train_seconds"], "vae": ["psnr", "ssim", "ms_per_img", "train_seconds"]}
+SHARED_KEYS = {"classify": ["model", "core", "runs_as", "shares_blocks", "embed_dim", "depth", "steps", "epochs",
+                            "params_stored", "flops_forward", "nfe", "chance"],
+               "vae": ["model", "operator", "core", "epochs", "params_stored", "params_effective", "flops_forward",
+                       "block_applications"]}
+
+
+def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> None:
+    axes = [a for a, _ in study.axes]
+    variant_keys = sorted({f"variant_{k}" for r in rows for k, v in (r.get("variants") or {}).items() if v})
+    keys = ["run_id"] + axes + [k for k in CSV_KEYS[study.task] if k not in axes] + variant_keys
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            flat = {**r, **{f"variant_{k}": v["acc_T"] for k, v in (r.get("variants") or {}).items() if v}}
+            w.writerow({k: (f"{flat[k]:.6g}" if isinstance(flat.get(k), float) else flat.get(k)) for k in keys})
+
+
+def cells(rows: List[Dict[str, Any]], study: Study) -> List[Dict[str, Any]]:
+    """Rows grouped over every grid axis except the seed: statistics of each figure."""
+    axes = study.cell_axes()
+    groups: Dict[Tuple, List[Dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(a) for a in axes), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        c = dict(zip(axes, key))
+        c["cell"] = " / ".join(map(str, key)) or rs[0]["model"]
+        c["rows"] = rs
+        c.update({k: rs[0].get(k) for k in SHARED_KEYS[study.task]})
+        c["n"] = len(rs)
+        for k in STAT_KEYS[study.task]:
+            c[k] = mean_ci([r.get(k) for r in rs])
+        first = min(rs, key=lambda r: (r.get("seed") is None, r.get("seed")))
+        c["curve"] = first.get("test_acc_curve" if study.task == "classify" else "test_psnr_curve")
+        if study.task == "classify":
+            K = min(len(r["horizon_accuracy"]) for r in rs)
+            c["horizon"] = [sum(r["horizon_accuracy"][i] for r in rs) / len(rs) for i in range(K)]
+            names = sorted({k for r in rs for k, v in (r.get("variants") or {}).items() if v})
+            c["variants"] = {k: mean_ci([(r.get("variants") or {}).get(k, {}).get("acc_T") for r in rs])
+                             for k in names}
+        out.append(c)
+    return out
+
+
+def _plateau(curve) -> str:
+    """Change of the first seed's test figure over the last 20% of its epochs (points)."""
+    ys = [y for y in curve or [] if y is not None]
+    if len(ys) < 5:
+        return "-"
+    k = max(1, round(0.2 * len(ys)))
+    return f"{100 * (ys[-1] - ys[-1 - k]):+.1f}"
+
+
+def _cost(rows: List[Dict[str, Any]]) -> str:
+    train = sum(r.get("train_seconds") or 0 for r in rows)
+    ev = sum(r.get("eval_seconds") or 0 for r in rows)
+    return (f"Cost: {train / 3600:.2f} h of training and {ev / 3600:.2f} h of evaluation, summed over runs "
+            f"(each run one worker process with one CPU thread unless said otherwise).")
+
+
+def _table(head: List[str], body: List[List[str]]) -> List[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in body]
+
+
+def classify_tables(cs: List[Dict[str, Any]], study: Study) -> List[str]:
+    axes = study.cell_axes()
+    acc = [k for k in ACC_KEYS if any(not math.isnan(c[k]["mean"]) for c in cs)]
+    head = axes + ["model", "params (stored)", "MFLOPs/img", "NFE", "T", "epochs"] + [ACC_HEAD[k] for k in acc] + \
+        ["Δ last 20% epochs", "train s"]
+    body = [[str(c[a]) for a in axes] + [
+        c["model"], f"{c['params_stored']:,}", f"{c['flops_forward'] / 1e6:.2f}", str(c["nfe"]), str(c["steps"]),
+        str(c["epochs"])] + [fmt_ci(c[k]) for k in acc] + [_plateau(c["curve"]), f"{c['train_seconds']['mean']:.0f}"]
+        for c in cs]
+    lines = _table(head, body) + [""]
+    names = sorted({k for c in cs for k in c["variants"]})
+    if names:
+        lines += ["Evaluated at T with other core options (same weights; `recurvit eval RUN option=value`), "
+                  "accuracy in %:", ""]
+        lines += _table(axes + ["trained as", "as trained"] + names,
+                        [[str(c[a]) for a in axes] + [c["runs_as"], fmt_ci(c["acc_T"])] +
+                         [fmt_ci(c["variants"][n]) if n in c["variants"] else "-" for n in names] for c in cs])
+        lines.append("")
+    return lines
+
+
+def vae_tables(cs: List[Dict[str, Any]], study: Study) -> List[str]:
+    axes = study.cell_axes()
+    head = axes + ["model", "core", "params (stored)", "MFLOPs/img", "block apps", "PSNR dB", "SSIM", "ms/img",
+                   "Δ last 20% epochs (dB)", "train s"]
+    body = [[str(c[a]) for a in axes] + [
+        c["model"], c["core"], f"{c['params_stored']:,}", f"{c['flops_forward'] / 1e6:.1f}",
+        str(c["block_applications"]), fmt_ci(c["psnr"], 1.0, 2), fmt_ci(c["ssim"], 1.0, 4),
+        fmt_ci(c["ms_per_img"], 1.0, 2), _plateau([None if v is None else v / 100 for v in c["curve"] or []]),
+        f"{c['train_seconds']['mean']:.0f}"] for c in cs]
+    return _table(head, body) + [""]
+
+
+def comparisons(cs: List[Dict[str, Any]], study: Study) -> List[str]:
+    if not study.compare:
+        return []
+    by_label = {}
+    for c in cs:
+        for a in study.cell_axes():
+            by_label.setdefault(str(c[a]), c)
+    keys = ACC_KEYS if study.task == "classify" else ["psnr", "ssim"]
+    scale = 100.0 if study.task == "classify" else 1.0
+    unit = "points" if study.task == "classify" else "dB / SSIM"
+    lines = [f"Comparisons (difference of means, {unit}, with its 95% Welch interval and two-sided p-value; "
+             f"n = seeds per cell):", ""]
+    body = []
+    for a, b in study.compare:
+        ca, cb = by_label.get(a), by_label.get(b)
+        if ca is None or cb is None:
+            continue
+        for k in keys:
+            w = welch([r.get(k) for r in ca["rows"]], [r.get(k) for r in cb["rows"]])
+            if math.isnan(w["diff"]):
+                continue
+            body.append([f"{a} − {b}", ACC_HEAD.get(k, k), f"{w['diff'] * scale:+.2f}",
+                         f"[{w['lo'] * scale:+.2f}, {w['hi'] * scale:+.2f}]", fmt_p(w["p"]), f"{ca['n']} / {cb['n']}"])
+    return lines + _table(["comparison", "figure", "difference", "95% interval", "p", "n"], body) + [""]
+
+
+def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, command: str = "") -> Path:
+    """results.csv, report.md and the plots into ``out_dir``; returns the report path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    failed = [r for r in rows if "error" in r]
+    rows = [r for r in rows if "error" not in r]
+    write_results_csv(rows, study, out_dir / "results.csv")
+    cs = cells(rows, study)
+    seeds = sorted({r.get("seed") for r in rows}, key=lambda s: (s is None, s))
+    lines = [f"# Study `{study.name}`", "", "Generated by `recurvit study` from `results.csv`; do not edit by hand.", ""]
+    if command:
+        lines += ["Command:", "", "```", command, "```", ""]
+    lines += [_cost(rows), ""]
+    if study.task == "classify":
+        chance = rows[0]["chance"] if rows else math.nan
+        lines += [f"{len(rows)} runs; seeds {seeds}; accuracy in % as mean ± half-width of the 95% t-interval over "
+                  f"seeds; chance level {100 * chance:.1f}%. T = trained steps; acc@kT = test accuracy when run for "
+                  "k x T steps (ODE: k x the trained time span); mean T..4T = mean accuracy over every step from T "
+                  "to 4T; Δ last 20% epochs = change of the first seed's test accuracy over its last 20% of epochs "
+                  "(a plateau is near 0).", ""]
+        lines += classify_tables(cs, study)
+    else:
+        chance = math.nan
+        lines += [f"{len(rows)} runs; seeds {seeds}; PSNR / SSIM / ms per image as mean ± half-width of the 95% "
+                  "t-interval over seeds (ms/img: reconstruction of a batch of 16, best of 3).", ""]
+        lines += vae_tables(cs, study)
+    lines += comparisons(cs, study)
+    if failed:
+        lines += ["Failed runs (not in the table):", ""] + [f"- `{r['run_id']}`: {r['error']}" for r in failed] + [""]
+    for title, name in _plots(cs, study, out_dir, chance):
+        lines += [f"![{title}]({name})", ""]
+    (out_dir / "report.md").write_text("\n".join(lines))
+    return out_dir / "report.md"
+
+
+def _plots(cs, study: Study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
+    if not cs:
+        return []
+    if study.task == "vae":
+        return [plots.psnr_vs_params(cs, out_dir, study.name),
+                plots.epochs(cs, out_dir, study.name, ylabel="test PSNR (dB)")]
+    made = plots.cost_fronts(cs, out_dir, study.name) + [plots.horizon(cs, out_dir, study.name, chance),
+                                                         plots.epochs(cs, out_dir, study.name)]
+    if study.frontier:
+        made.append(plots.frontier(cs, out_dir, study.name, chance))
+    return made
+
+
+__all__ = ["write_report", "write_results_csv", "cells", "SEED_KEY"]

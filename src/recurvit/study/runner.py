@@ -1,0 +1,238 @@
+"""Running a study: train (or resume) every grid point, evaluate it, write its ``result.json``.
+
+A run's evaluation is recorded with the study's ``eval_spec``; when a study asks for more (a longer
+horizon, another solver), finished runs are re-evaluated from their checkpoint without training.
+Runs go to worker processes (``--workers N``, one thread each by default); a run that fails with a
+user error (diverged, bad option) is reported in the study, not fatal to it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from ..errors import UserError
+from .spec import Study
+
+
+
+def _quiet(*args, **kwargs) -> None:
+    return None
+
+
+def _write_result(out: Path, res: Dict[str, Any]) -> None:
+    from ..train.rundir import write_atomic
+
+    write_atomic(out / "result.json", json.dumps(res, indent=1))
+
+
+def _load_config(load: Callable, out: Path, base: str, overrides: List[str]):
+    """A run's config: its own config.yaml once it exists (resolved values), else the study's."""
+    return load(out / "config.yaml" if (out / "config.yaml").is_file() else base, overrides)
+
+
+# ----------------------------------------------------------------------------- classification
+def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any]) -> Dict[str, Any]:
+    from ..analysis.accounting import account
+    from ..analysis.horizon import horizon_sweep, summarize
+    from ..config import load_config
+    from ..train.checkpoint import load_model_and_config
+    from ..train.loop import evaluate, train
+    from ..train.rundir import RunDir
+    from ..train.runtime import build_test_loader, pick_device
+
+    cfg = _load_config(load_config, out, base, overrides)
+    cfg.train.progress = False
+    metrics = train(cfg, out, resume=out.is_dir(), log=_quiet)
+    t0 = time.perf_counter()
+    model, cfg = load_model_and_config(out / "last.pt")
+    device = pick_device(cfg.train.device)
+    model.to(device)
+    T = model.nominal_steps
+    K = eval_spec["max_steps_factor"] * T
+    if model.core.limit is not None:
+        K = min(K, model.core.limit)
+    test_loader, info = build_test_loader(cfg)
+    sweep = horizon_sweep(model, test_loader, device, K)
+    variants: Dict[str, Any] = {}
+    for name, opts in eval_spec.get("variants", {}).items():
+        try:
+            other, _ = load_model_and_config(out / "last.pt", **opts)
+        except UserError:  # an option this run's core does not have: not applicable
+            variants[name] = None
+            continue
+        ev = evaluate(other.to(device), test_loader, device, amp=cfg.train.amp)
+        variants[name] = {"acc_T": ev["accuracy"], "nfe": other.nfe}
+    acct = account(model.cpu(), memory=False)
+    mc = model.cfg
+    curve = [m.get("test_acc") for m in RunDir(out, created=False, owner=False).read_metrics()]
+    return {
+        "model": cfg.model.name, "core": mc.core, "runs_as": mc.core_cls.describe(mc),
+        "shares_blocks": mc.core_cls.shares_blocks, "embed_dim": mc.embed_dim, "depth": mc.depth, "steps": T,
+        "seed": cfg.train.seed, "epochs": cfg.train.epochs, "params": acct["params"],
+        "params_stored": acct["params_stored"], "flops_forward": acct["flops_forward"], "nfe": acct["nfe"],
+        "chance": 1.0 / info.num_classes,
+        **{k: v for k, v in summarize(sweep, T).items() if k.startswith("acc_")},
+        "test_acc_final": metrics.get("test_acc"), "train_seconds": metrics.get("train_seconds"),
+        "eval_seconds": time.perf_counter() - t0, "horizon_accuracy": sweep["accuracy"],
+        "test_acc_curve": curve, "variants": variants,
+    }
+
+
+# ------------------------------------------------------------------------------------- LoopVAE
+def run_vae(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any]) -> Dict[str, Any]:
+    import torch
+
+    from ..analysis.accounting import count_params, measure_flops
+    from ..train.rundir import RunDir
+    from ..train.runtime import pick_device
+    from ..vae.config import load_vae_config
+    from ..vae.data import build_vae_datasets
+    from ..vae.evaluate import evaluate_vae, load_vae_run, make_test_loader
+    from ..vae.train import train_vae
+
+    cfg = _load_config(load_vae_config, out, base, overrides)
+    cfg.train.progress = False
+    metrics = train_vae(cfg, out, resume=out.is_dir(), log=_quiet)
+    t0 = time.perf_counter()
+    model, cfg, _ = load_vae_run(out / "best.pt")
+    device = pick_device(cfg.train.device)
+    model.to(device)
+    _, test_set, info = build_vae_datasets(cfg.data, cfg.train.seed)
+    loader = make_test_loader(test_set, 64)
+    ev = evaluate_vae(model, loader, device, cfg.train.amp)
+    x = next(iter(loader))[:16].to(device)
+    with torch.no_grad():
+        model.reconstruct(x, sample=False)  # warm-up
+        times = []
+        for _ in range(3):
+            s = time.perf_counter()
+            model.reconstruct(x, sample=False)
+            times.append(time.perf_counter() - s)
+    flops = measure_flops(model.cpu(), tuple(x.shape[1:]), train=False)
+    counts = count_params(model, block_uses=flops["block_uses"])
+    curve = [m.get("test_psnr") for m in RunDir(out, created=False, owner=False).read_metrics()]
+    return {
+        "model": cfg.model.name, "core": model.cfg.core, "operator": model.cfg.operator, "seed": cfg.train.seed,
+        "epochs": cfg.train.epochs, "params_stored": counts["params_stored"],
+        "params_effective": counts["params_effective"], "flops_forward": flops["flops_forward"],
+        "block_applications": model.block_applications()["total"], "psnr": ev["psnr"], "ssim": ev["ssim"],
+        "out_of_range": ev["out_of_range"], "baseline_psnr": metrics.get("baseline_psnr"),
+        "ms_per_img": 1000 * min(times) / len(x), "train_seconds": metrics.get("train_seconds"),
+        "eval_seconds": time.perf_counter() - t0, "test_psnr_curve": curve,
+    }
+
+
+TASK_RUNNERS = {"classify": run_classify, "vae": run_vae}
+
+
+def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dict[str, Any],
+            labels: Dict[str, str], threads: Optional[int] = None) -> Dict[str, Any]:
+    """Train (or resume) one grid point, evaluate it and write its result.json."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    out_p = Path(out)
+    t0 = time.perf_counter()
+    res = TASK_RUNNERS[task](base, overrides, out_p, eval_spec)
+    res = {"run_id": out_p.name, **labels, **res, "overrides": overrides, "eval": eval_spec,
+           "wall_seconds": time.perf_counter() - t0}
+    _write_result(out_p, res)
+    return res
+
+
+def run_one_safe(kw: Dict[str, Any]) -> Dict[str, Any]:
+    """run_one, but a run that fails with a user error (diverged, bad option) is reported, not fatal."""
+    try:
+        return run_one(**kw)
+    except UserError as e:
+        out = Path(kw["out"])
+        if out.is_dir():
+            (out / "error.txt").write_text(str(e) + "\n")
+        return {"run_id": out.name, **kw["labels"], "error": str(e)}
+
+
+# ------------------------------------------------------------------------------------ the study
+def _is_done(rd: Path, study: Study, overrides: List[str]) -> Optional[Dict[str, Any]]:
+    """The stored result of a run whose training and evaluation are what the study asks for."""
+    f = rd / "result.json"
+    if not f.is_file():
+        return None
+    res = json.loads(f.read_text())
+    if res.get("eval", {"max_steps_factor": res.get("max_steps_factor", 4), "variants": {}}) != study.eval_spec:
+        return None  # re-evaluate (the checkpoint stays; training is not repeated)
+    if "overrides" in res and res["overrides"] != overrides:
+        raise UserError(f"run {rd} was made with other settings than the study now asks for "
+                        f"({res['overrides']} vs {overrides}); move it away or give the variant another name")
+    return res
+
+
+def run_dir_root(study: Study) -> Path:
+    return study.runs_dir or Path("runs") / "studies" / study.name
+
+
+def pending(study: Study, out: Path):
+    """(finished results, keyword sets of the runs still to do)."""
+    todo, done = [], []
+    for spec in study.runs:
+        rd = out / "runs" / spec.run_id
+        res = _is_done(rd, study, spec.overrides)
+        if res is not None:
+            done.append(res)
+        else:
+            todo.append(dict(task=study.task, base=str(spec.base), overrides=spec.overrides, out=str(rd),
+                             eval_spec=study.eval_spec, labels=spec.labels))
+    return done, todo
+
+
+def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, log=print) -> List[Dict[str, Any]]:
+    from tqdm.auto import tqdm
+
+    from ..train.runtime import show_progress
+
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    done, todo = pending(study, out)
+    log(f"study {study.name}: {len(study.runs)} runs, {len(done)} finished, {len(todo)} to run or evaluate "
+        f"({workers} worker{'s' if workers > 1 else ''}) in {out}")
+    bar = tqdm(total=len(study.runs), initial=len(done), desc=study.name, disable=not show_progress(progress),
+               dynamic_ncols=True)
+    if workers <= 1:
+        for kw in todo:
+            bar.set_postfix_str(Path(kw["out"]).name)
+            done.append(run_one_safe(kw))
+            bar.update()
+            log(f"  {_line(done[-1])}")
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+            futs = [ex.submit(run_one_safe, {**kw, "threads": threads}) for kw in todo]
+            for f in as_completed(futs):
+                done.append(f.result())
+                bar.update()
+                log(f"  {_line(done[-1])}")
+    bar.close()
+    order = {s.run_id: i for i, s in enumerate(study.runs)}
+    return sorted(done, key=lambda r: order.get(r["run_id"], 1 << 30))
+
+
+def _line(r: Dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{r['run_id']}: failed: {r['error']}"
+    figure = f"acc@T {r['acc_T']:.4f}" if "acc_T" in r else f"psnr {r.get('psnr', float('nan')):.2f} dB"
+    return f"{r['run_id']}: {figure} ({r.get('wall_seconds', 0):.0f} s)"
+
+
+def collect(out: Path, study: Study) -> List[Dict[str, Any]]:
+    """Results of the runs that have one (for --report-only)."""
+    rows = []
+    for spec in study.runs:
+        f = out / "runs" / spec.run_id / "result.json"
+        if f.is_file():
+            rows.append(json.loads(f.read_text()))
+    return rows

@@ -1,0 +1,168 @@
+"""A study file and the grid of runs it expands to.
+
+::
+
+    name: crossroads-digits
+    task: classify                        # classify (default) | vae
+    base: configs/digits/bvit.yaml        # relative to the study file's folder, then to the cwd
+    overrides: {train.epochs: 10}         # applied to every run, before the grid's own
+    grid:
+      regime:                             # a mapping: named variants, each a set of dotted overrides
+        naive: {}                         # (a variant may name its own `base:`)
+        deep_supervision: {train.supervision.stages: 3, train.supervision.weights: uniform}
+      train.seed: [0, 1, 2]               # a list: values of one dotted key (the seed axis is averaged)
+    eval:
+      max_steps_factor: 16                # horizon sweep up to 16T (acc@T, 2T, 4T, 8T, 16T)
+      variants:                           # also evaluate at T with core options changed (ODE: another
+        rk4: {method: rk4}                #   solver, or refine=2 for h/2 over the same span); runs
+        h/2: {refine: 2}                  #   whose core lacks an option skip that variant
+    report:
+      compare: [[naive, deep_supervision]]  # Welch t-tests between cells (variant labels)
+      frontier: true                      # nominal vs beyond-horizon accuracy plot, Pareto front
+    runs: ../runs/studies/shared          # where run directories live (default runs/studies/<name>);
+                                          #   two study files may share runs (same ids = same runs)
+    results: results/crossroads_digits    # where results.csv / report.md / plots go
+
+Each grid point is a run directory ``<runs>/runs/<id>``; a run with an up-to-date ``result.json``
+is done, a run with ``last.pt`` is resumed (or only re-evaluated when its training is complete and
+the study asks for more evaluation), so an interrupted study continues where it stopped.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from ..errors import UserError
+
+SEED_KEY = "train.seed"
+TASKS = ("classify", "vae")
+
+
+@dataclass
+class RunSpec:
+    run_id: str
+    labels: Dict[str, str]  # grid axis -> label of this run's value
+    overrides: List[str]  # dotted key=value
+    base: Optional[Path] = None  # a variant's own base config (default: the study's)
+
+
+@dataclass
+class Study:
+    name: str
+    base: Path
+    axes: List[Tuple[str, List[Tuple[str, Dict[str, Any]]]]]  # axis -> [(label, {dotted key: value})]
+    task: str = "classify"
+    overrides: List[str] = field(default_factory=list)
+    max_steps_factor: int = 4
+    variants: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # eval name -> core options
+    compare: List[Tuple[str, str]] = field(default_factory=list)
+    frontier: bool = False
+    runs_dir: Optional[Path] = None
+    results: Optional[Path] = None
+    path: Optional[Path] = None
+    runs: List[RunSpec] = field(default_factory=list)
+
+    @property
+    def eval_spec(self) -> Dict[str, Any]:
+        """What a finished run's evaluation must have covered (stored in its result.json)."""
+        return {"max_steps_factor": self.max_steps_factor, "variants": self.variants}
+
+    def cell_axes(self) -> List[str]:
+        """Grid axes a report groups by (every axis but the seed)."""
+        return [a for a, _ in self.axes if a != SEED_KEY]
+
+
+def _label(value: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", str(value))
+
+
+def load_study(path: str | Path) -> Study:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"study file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"study file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"study file {p} must be a mapping with name, base and grid")
+    for key in ("name", "base", "grid"):
+        if key not in raw:
+            raise UserError(f"study file {p} needs a '{key}:' entry (see recurvit/study/spec.py)")
+    task = str(raw.get("task", "classify"))
+    if task not in TASKS:
+        raise UserError(f"study file {p}: task must be one of {', '.join(TASKS)}, got '{task}'")
+    axes = []
+    for axis, values in (raw["grid"] or {}).items():
+        if isinstance(values, dict):
+            variants = [(str(lbl), dict(ov or {})) for lbl, ov in values.items()]
+        elif isinstance(values, list):
+            variants = [(_label(v), {axis: v}) for v in values]
+        else:
+            raise UserError(f"grid entry '{axis}' must be a list of values or a mapping of named variants")
+        if not variants:
+            raise UserError(f"grid entry '{axis}' is empty")
+        axes.append((str(axis), variants))
+    ev, rep = raw.get("eval") or {}, raw.get("report") or {}
+    factor = ev.get("max_steps_factor", 4)
+    if not isinstance(factor, int) or factor < 1:
+        raise UserError(f"study file {p}: eval.max_steps_factor must be an integer >= 1, got {factor!r}")
+    compare = [tuple(map(str, pair)) for pair in rep.get("compare") or []]
+    if any(len(pair) != 2 for pair in compare):
+        raise UserError(f"study file {p}: report.compare holds pairs of variant labels, e.g. [[naive, ds3]]")
+    study = Study(
+        name=str(raw["name"]), base=_find(raw["base"], p), axes=axes, task=task,
+        overrides=[f"{k}={_yaml_value(v)}" for k, v in (raw.get("overrides") or {}).items()],
+        max_steps_factor=factor, variants={str(k): dict(v or {}) for k, v in (ev.get("variants") or {}).items()},
+        compare=compare, frontier=bool(rep.get("frontier", False)),
+        runs_dir=(p.parent / raw["runs"]).resolve() if raw.get("runs") else None,
+        results=(p.parent / raw["results"]).resolve() if raw.get("results") else None, path=p)
+    study.runs = expand(study)
+    labels = {lbl for _, variants in axes for lbl, _ in variants}
+    unknown = sorted({x for pair in compare for x in pair} - labels)
+    if unknown:
+        raise UserError(f"study file {p}: report.compare names {', '.join(unknown)}, which are not grid labels")
+    return study
+
+
+def _find(path: str, study_file: Optional[Path]) -> Path:
+    """A config path relative to the study file's folder, else to the current directory."""
+    for cand in ((study_file.parent / path) if study_file else None, Path(path)):
+        if cand is not None and cand.is_file():
+            return cand
+    raise UserError(f"study base config not found: {path} (relative to the study file or the current directory)")
+
+
+def expand(study: Study) -> List[RunSpec]:
+    runs = []
+    for combo in itertools.product(*[variants for _, variants in study.axes]):
+        labels, overrides = {}, list(study.overrides)
+        for (axis, _), (label, ov) in zip(study.axes, combo):
+            labels[axis] = label
+            overrides += [f"{k}={_yaml_value(v)}" for k, v in ov.items() if k != "base"]
+        run_id = "__".join(f"{axis.split('.')[-1]}={lbl}" if _is_value_axis(study, axis) else lbl
+                           for axis, lbl in labels.items())
+        base = next((ov["base"] for _, (_, ov) in zip(study.axes, combo) if "base" in ov), None)
+        runs.append(RunSpec(run_id=run_id, labels=labels, overrides=overrides,
+                            base=_find(base, study.path) if base else study.base))
+    return runs
+
+
+def _is_value_axis(study: Study, axis: str) -> bool:
+    """A list axis (values of one key) rather than named variants."""
+    variants = dict(study.axes)[axis]
+    return all(list(ov) == [axis] for _, ov in variants)
+
+
+def _yaml_value(v: Any) -> str:
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    if v is None:
+        return "null"
+    return str(v).lower() if isinstance(v, bool) else str(v)

@@ -1,0 +1,61 @@
+"""Seed statistics of a study: means with 95% intervals and Welch tests (scipy)."""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Dict, List, Optional, Sequence
+
+CONFIDENCE = 0.95
+
+
+def clean(vals: Sequence[Optional[float]]) -> List[float]:
+    return [float(v) for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
+
+
+def mean_ci(vals: Sequence[Optional[float]]) -> Dict[str, float]:
+    """Mean, standard deviation and the half-width of the 95% t-interval of the mean (nan when
+    there is one value: no interval without a spread)."""
+    from scipy import stats
+
+    v = clean(vals)
+    if not v:
+        return {"mean": math.nan, "std": math.nan, "ci": math.nan, "n": 0}
+    m = statistics.fmean(v)
+    if len(v) < 2:
+        return {"mean": m, "std": math.nan, "ci": math.nan, "n": 1}
+    s = statistics.stdev(v)
+    half = stats.t.ppf(0.5 + CONFIDENCE / 2, len(v) - 1) * s / math.sqrt(len(v))
+    return {"mean": m, "std": s, "ci": float(half), "n": len(v)}
+
+
+def welch(a: Sequence[Optional[float]], b: Sequence[Optional[float]]) -> Dict[str, float]:
+    """Difference of means a - b, its 95% Welch interval and the two-sided Welch p-value."""
+    from scipy import stats
+
+    x, y = clean(a), clean(b)
+    if len(x) < 2 or len(y) < 2:
+        return {"diff": math.nan, "lo": math.nan, "hi": math.nan, "p": math.nan}
+    vx, vy = statistics.variance(x) / len(x), statistics.variance(y) / len(y)
+    diff = statistics.fmean(x) - statistics.fmean(y)
+    se = math.sqrt(vx + vy)
+    if se == 0:
+        return {"diff": diff, "lo": diff, "hi": diff, "p": 0.0 if diff else 1.0}
+    dof = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
+    half = stats.t.ppf(0.5 + CONFIDENCE / 2, dof) * se
+    p = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
+    return {"diff": diff, "lo": diff - half, "hi": diff + half, "p": p}
+
+
+def fmt_ci(ms: Dict[str, float], scale: float = 100.0, digits: int = 1) -> str:
+    """'77.8 ± 0.9' (mean ± 95% half-width); '77.8' for a single value; '-' for none."""
+    if math.isnan(ms["mean"]):
+        return "-"
+    if math.isnan(ms["ci"]):
+        return f"{ms['mean'] * scale:.{digits}f}"
+    return f"{ms['mean'] * scale:.{digits}f} ± {ms['ci'] * scale:.{digits}f}"
+
+
+def fmt_p(p: float) -> str:
+    if math.isnan(p):
+        return "-"
+    return f"{p:.2g}" if p >= 1e-4 else "<1e-4"

@@ -1,0 +1,203 @@
+"""A run directory and its one owner in code: ``RunDir``.
+
+Classification training, fine-tuning and LoopVAE training all keep their runs through this class:
+
+- **create** (``RunDir.create``): a new directory, never over an existing non-empty one; an
+  unwritable place or a path that is a file is one clear error.
+- **lock**: an exclusive ``fcntl.flock`` on ``RUN/.lock``, taken before anything is read or
+  written and held for the life of the run. The OS releases it on any exit, kill -9 included, so a
+  crashed run never blocks its ``--resume``; a second process on the same directory (a second
+  ``train --out``, a ``--resume`` of a running run, a study worker) ends with one line and touches
+  nothing. The lock file keeps the owner's pid for that message.
+- **resume** (``RunDir.resume``): the same directory, locked; leftover temp files of an interrupted
+  checkpoint write (``.last.pt.XXXX.tmp``) are removed; ``metrics.jsonl`` is truncated to the epoch
+  of ``last.pt`` (a crash may fall between the metrics append and the checkpoint write). A directory
+  without a checkpoint (killed before its first epoch ended) starts from the beginning.
+- **write**: ``config.yaml`` and the metrics file are rewritten atomically (temp file + rename),
+  metrics are appended one JSON line per epoch, ``last.pt`` / ``best.pt`` are saved atomically.
+- **clean up**: a run that fails before writing anything leaves no directory behind (only a
+  directory this process created is ever removed, and only when it holds nothing but the lock).
+
+Under several processes (DDP) only rank 0 owns the directory: other ranks get an instance with
+``owner=False`` whose writes do nothing.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from ..errors import UserError
+from . import checkpoint as ckpt_io
+
+LOCK = ".lock"
+CONFIG, METRICS, LAST, BEST = "config.yaml", "metrics.jsonl", "last.pt", "best.pt"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file in the same directory and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class RunDir:
+    """Owner of one run directory for the life of a run (a context manager)."""
+
+    def __init__(self, path: Path, created: bool, owner: bool = True):
+        self.path = Path(path)
+        self.created = created  # this process made the directory (it may remove it on failure)
+        self.owner = owner
+        self._lock_fd: Optional[int] = None
+
+    # ------------------------------------------------------------------------- opening
+    @classmethod
+    def create(cls, path: Path, owner: bool = True) -> "RunDir":
+        """A new run directory at ``path`` (an existing empty directory is taken), locked."""
+        path = Path(path)
+        if not owner:
+            return cls(path, created=False, owner=False)
+        if path.exists() and not path.is_dir():
+            raise UserError(f"--out {path} is a file, not a directory; choose another --out")
+        created = False
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+            created = True
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise UserError(f"cannot create run directory {path}: {e.strerror or e}; choose a writable --out") from None
+        run = cls(path, created)
+        run._lock()
+        if run._contents():
+            run.release()
+            raise UserError(f"run directory {path} already exists and is not empty; choose another --out "
+                            f"or pass --resume {path}")
+        return run
+
+    @classmethod
+    def resume(cls, path: Path, owner: bool = True) -> "RunDir":
+        """An existing run directory, locked, with interrupted writes cleaned up."""
+        path = Path(path)
+        if not path.is_dir():
+            raise UserError(f"cannot resume: {path} is not a run directory")
+        run = cls(path, created=False, owner=owner)
+        if owner:
+            run._lock()
+            for tmp in path.glob(".*.tmp"):  # a checkpoint / metrics write interrupted by a kill
+                tmp.unlink(missing_ok=True)
+        return run
+
+    def _lock(self) -> None:
+        try:
+            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f"cannot write in run directory {self.path}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise UserError(f"run directory {self.path} is in use by another process (pid {pid}); "
+                                "wait for it to finish or choose another --out") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def release(self) -> None:
+        """Give up the lock (the directory and its files stay)."""
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _contents(self) -> List[Path]:
+        return [p for p in self.path.iterdir() if p.name != LOCK]
+
+    def __enter__(self) -> "RunDir":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(failed=exc_type is not None)
+
+    def close(self, failed: bool = False) -> None:
+        """Release the lock; a directory this process created and never wrote into goes too."""
+        empty = self.owner and self.path.is_dir() and not self._contents()
+        self.release()
+        if failed and self.created and empty:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    # ------------------------------------------------------------------------ contents
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def has_checkpoint(self) -> bool:
+        return (self.path / LAST).is_file()
+
+    def load_last(self, map_location: Any = "cpu") -> Dict[str, Any]:
+        return ckpt_io.load_checkpoint(self.path / LAST, map_location)
+
+    def write_config(self, text: str) -> None:
+        if self.owner:
+            write_atomic(self.path / CONFIG, text)
+
+    def append_metrics(self, metrics: Dict[str, Any]) -> None:
+        if self.owner:
+            with open(self.path / METRICS, "a") as f:
+                f.write(json.dumps(metrics) + "\n")
+
+    def read_metrics(self) -> List[Dict[str, Any]]:
+        p = self.path / METRICS
+        if not p.is_file():
+            return []
+        return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+
+    def truncate_metrics(self, epochs: int) -> None:
+        """Keep the metric lines of epochs <= ``epochs`` (rewritten atomically)."""
+        if self.owner and (self.path / METRICS).is_file():
+            keep = [m for m in self.read_metrics() if m.get("epoch", 0) <= epochs]
+            write_atomic(self.path / METRICS, "".join(json.dumps(m) + "\n" for m in keep))
+
+    def save(self, name: str, obj: Dict[str, Any]) -> None:
+        if self.owner:
+            ckpt_io.save_atomic(obj, self.path / name)
+
+
+def check_available(path: Path, resume: bool) -> None:
+    """The checks of ``create`` / ``resume`` that need no lock (a launcher's, before its workers)."""
+    path = Path(path)
+    if resume:
+        if not path.is_dir():
+            raise UserError(f"cannot resume: {path} is not a run directory")
+    elif path.exists() and (not path.is_dir() or any(p.name != LOCK for p in path.iterdir())):
+        what = "is a file" if not path.is_dir() else "already exists and is not empty"
+        raise UserError(f"run directory {path} {what}; choose another --out" + (f" or pass --resume {path}"
+                                                                                   if path.is_dir() else ""))
+
+
+def open_run(out: Path, resume: bool, owner: bool = True, log: Callable[[str], None] = print) -> RunDir:
+    """``RunDir.resume`` or ``RunDir.create``; a resume of a directory without a checkpoint
+    (a run killed before its first one) restarts it from the beginning, saying so."""
+    if not resume:
+        return RunDir.create(out, owner)
+    run = RunDir.resume(out, owner)
+    if owner and not run.has_checkpoint():
+        log(f"{out} has no checkpoint yet (stopped before its first epoch ended): starting it from the beginning")
+        run.truncate_metrics(0)
+    return run

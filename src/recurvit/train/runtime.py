@@ -1,0 +1,121 @@
+"""What a run needs around its loop: device, autocast, seeds, data loaders, run directory names."""
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Optional, Tuple
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+from ..config import RunConfig
+from ..errors import UserError
+from . import distributed as dist_io
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"train.device={name} but CUDA is not available; use train.device=cpu or auto")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"train.device='{name}' is not a device; use auto, cpu, cuda or cuda:N") from None
+
+
+def autocast(device: torch.device, amp: str):
+    """bf16 autocast: on by default on CUDA (amp=auto), opt-in on CPU (amp=bf16)."""
+    if amp not in ("auto", "bf16", "off"):
+        raise UserError(f"train.amp must be auto, bf16 or off, got '{amp}'")
+    on = amp == "bf16" or (amp == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16) if on else nullcontext()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def resolve_model_config(cfg: RunConfig, info) -> RunConfig:
+    """The model follows the data set (img_size, in_chans, num_classes) unless set explicitly."""
+    m = cfg.model
+    m = replace(m,
+                img_size=m.img_size if m.img_size is not None else info.img_size,
+                in_chans=m.in_chans if m.in_chans is not None else info.in_chans,
+                num_classes=m.num_classes if m.num_classes is not None else info.num_classes)
+    if cfg.train.supervision.per_stage_heads and m.stage_heads is None:
+        m = replace(m, stage_heads=cfg.train.supervision.stages)
+    return replace(cfg, model=m)
+
+
+def _silent(*args, **kwargs) -> None:
+    return None
+
+
+def show_progress(wanted: bool = True) -> bool:
+    """Progress bars only where someone watches: asked for, stderr a terminal, TQDM_DISABLE unset."""
+    if not wanted or os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false"):
+        return False
+    return sys.stderr.isatty()
+
+
+def build_loaders(cfg: RunConfig, epoch_seed: int = 0, env: dist_io.DistEnv = dist_io.SINGLE,
+                  log: Optional[Callable[[str], object]] = None) -> Tuple[DataLoader, DataLoader, object]:
+    """Train / test loaders. With several processes (``env``) each rank loads its shard of every
+    global batch (``train.batch_size / world_size`` images) and of the test set."""
+    from ..data import build_datasets
+
+    train_set, test_set, info = env.main_first(lambda: build_datasets(cfg.data, log=log if env.is_main else _silent))  # rank 0 downloads first
+    kw = dict(num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available(),
+              persistent_workers=cfg.data.num_workers > 0)
+    if not env.enabled:
+        train_loader = DataLoader(train_set, batch_size=cfg.train.batch_size, shuffle=True, drop_last=False,
+                                  generator=torch.Generator().manual_seed(epoch_seed), **kw)
+        test_loader = DataLoader(test_set, batch_size=max(256, cfg.train.batch_size), shuffle=False, **kw)
+        return train_loader, test_loader, info
+    batch = dist_io.per_rank_batch(cfg.train.batch_size, env.world_size)
+    gen = torch.Generator().manual_seed(epoch_seed)  # the single process's: same permutation, same worker seeds
+    batches = dist_io.ShardedBatches(RandomSampler(train_set, generator=gen), cfg.train.batch_size,
+                                     env.rank, env.world_size)
+    train_loader = DataLoader(train_set, batch_sampler=batches, generator=gen, **kw)
+    test_loader = DataLoader(test_set, batch_size=max(256, batch), shuffle=False,
+                             sampler=dist_io.Shard(len(test_set), env.rank, env.world_size), **kw)
+    return train_loader, test_loader, info
+
+
+def build_test_loader(cfg: RunConfig) -> Tuple[DataLoader, object]:
+    """(test loader, data info) for the evaluation commands."""
+    from ..data import build_datasets
+
+    _, test_set, info = build_datasets(cfg.data)
+    loader = DataLoader(test_set, batch_size=max(256, cfg.train.batch_size), shuffle=False,
+                        num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available())
+    return loader, info
+
+
+def set_epoch(loader: DataLoader, seed: int) -> None:
+    """The shuffle of an epoch depends on ``seed`` only (and is the same with any number of processes)."""
+    loader.generator.manual_seed(seed)
+
+
+def default_run_dir(cfg: RunConfig, root: str = "runs") -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{cfg.data.name}-{cfg.model.name}-{stamp}"
+    out, i = base, 1
+    while out.exists():
+        out, i = Path(f"{base}-{i}"), i + 1
+    return out
+
+
