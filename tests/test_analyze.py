@@ -7,7 +7,8 @@ import torch
 
 from recurvit import create_model
 from recurvit.analysis.cka import CKAAccumulator, linear_cka
-from recurvit.analysis.inspect import Intervention, StepProbe, analyze_model, calls_per_step
+from recurvit.analysis.per_step import analyze_model
+from recurvit.analysis.probe import Intervention, StepProbe, calls_per_step
 from recurvit.cli import main
 from conftest import TINY
 

@@ -33,7 +33,8 @@ def add_parser(sub):
 def run(args) -> int:
     import torch
 
-    from ..analysis.inspect import ANALYSES, analyze_model, summarize, write_outputs
+    from ..analysis.per_step import ANALYSES, analyze_model
+    from ..analysis.per_step_report import summarize, write_outputs
     from ..data import build_datasets
     from ..errors import UserError
     from ..train.checkpoint import load_model_and_config

@@ -1,0 +1,147 @@
+"""A trained model inside out, step by step: readouts, norms, attention, CKA, step-specific pruning.
+
+``analyze_model`` collects every analysis from the model's own outputs and the forward hooks of
+:class:`recurvit.analysis.probe.StepProbe` (which attributes block calls to steps and applies the
+one-step interventions of the pruning maps); the headline summary, CSVs and plots are in
+:mod:`recurvit.analysis.per_step_report`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .cka import CKAAccumulator
+from .probe import Intervention, StepProbe, calls_per_step
+
+ANALYSES = ("readout", "norms", "attention", "cka", "pruning")
+
+
+@torch.no_grad()
+def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.Tensor]],
+                  what: Sequence[str] = ANALYSES, steps: Optional[int] = None,
+                  mlp_slices: Optional[int] = None, device: Optional[torch.device] = None,
+                  progress: bool = False) -> dict:
+    """Run the analyses in ``what`` on the (already batched) images; returns plain lists/dicts.
+
+    Keys: ``readout`` {step, accuracy, loss}, ``norms`` {step, state_norm, rel_update},
+    ``attention`` rows {step, head, entropy, distance, calls}, ``cka`` {labels, tokens, pooled},
+    ``pruning`` {heads, mlp, skip, base_acc}, and ``meta``.
+    """
+    unknown = sorted(set(what) - set(ANALYSES))
+    if unknown:
+        raise ValueError(f"unknown analyses {unknown}; choose from {', '.join(ANALYSES)}")
+    what = [w for w in ANALYSES if w in set(what)]
+    model.eval()
+    device = device or next(model.parameters()).device
+    K = model.core.check_steps(steps)
+    H = model.blocks[0].attn.num_heads
+    S = mlp_slices or H
+    hidden = model.blocks[0].mlp.fc1.out_features
+    if S > hidden:
+        raise ValueError(f"cannot cut {hidden} MLP hidden units into {S} slices")
+    res: dict = {"meta": {"core": model.cfg.core, "runs_as": model.cfg.core_cls.describe(model.cfg),
+                         "shares_blocks": model.cfg.core_cls.shares_blocks, "steps": K, "nominal_steps": model.nominal_steps,
+                          "heads": H, "mlp_slices": S, "mlp_hidden": hidden, "tokens": None,
+                          "images": sum(len(y) for _, y in batches), "calls_per_step": None}}
+    n = 0
+    correct = torch.zeros(K, dtype=torch.float64)
+    loss = torch.zeros(K, dtype=torch.float64)
+    norm_sum = torch.zeros(K + 1, dtype=torch.float64)
+    upd_sum = torch.zeros(K, dtype=torch.float64)
+    ent = torch.zeros(K, H, dtype=torch.float64)
+    dist = torch.zeros(K, H, dtype=torch.float64)
+    att_calls = torch.zeros(K, dtype=torch.float64)
+    att_weight = torch.zeros(K, dtype=torch.float64)
+    cka_tok, cka_pool = CKAAccumulator(), CKAAccumulator()
+    base_final_correct = 0
+    with StepProbe(model, attention="attention" in what, features="cka" in what) as probe:
+        # the base pass (also gives pruning its unmasked accuracy)
+        for x, y in _progress(batches, progress, "base pass"):
+            x, y = x.to(device), y.to(device)
+            z0 = model.embed(x)
+            zs = probe.states(x, K)
+            logits = probe.readouts(zs)
+            res["meta"]["calls_per_step"] = calls_per_step(probe.calls)
+            res["meta"]["tokens"] = int(z0.shape[1])
+            for k in range(K):
+                correct[k] += (logits[k].argmax(-1) == y).sum().item()
+                loss[k] += F.cross_entropy(logits[k].float(), y, reduction="sum").item()
+            base_final_correct += (logits[-1].argmax(-1) == y).sum().item()
+            prev = z0
+            norm_sum[0] += z0.float().norm(dim=-1).mean(-1).sum().item()
+            for k, z in enumerate(zs):
+                norm_sum[k + 1] += z.float().norm(dim=-1).mean(-1).sum().item()  # mean token L2 norm
+                num = (z - prev).float().flatten(1).norm(dim=1)
+                den = prev.float().flatten(1).norm(dim=1).clamp_min(1e-12)
+                upd_sum[k] += (num / den).sum().item()
+                prev = z
+            for rec in probe.attn_records:
+                k = rec["step"] - 1
+                ent[k] += rec["entropy"].double() * rec["n"]
+                dist[k] += rec["distance"].double() * rec["n"]
+                att_weight[k] += rec["n"]
+                att_calls[k] += 1
+            if "cka" in what:
+                D = z0.shape[-1]
+                cka_tok.update([z0.reshape(-1, D)] + [z.reshape(-1, D) for z in zs])
+                pooled = list(probe.pooled[:K])  # the K pre-logit features seen by probe.readouts
+                model.forward_head(model.norm(z0))  # step 0: the embedding read out the same way
+                cka_pool.update([probe.pooled[K]] + pooled)
+            n += len(y)
+        steps_col = list(range(1, K + 1))
+        if "readout" in what:
+            res["readout"] = {"step": steps_col, "accuracy": (correct / n).tolist(), "loss": (loss / n).tolist()}
+        if "norms" in what:
+            res["norms"] = {"step": list(range(0, K + 1)), "state_norm": (norm_sum / n).tolist(),
+                            "rel_update": [float("nan")] + (upd_sum / n).tolist()}
+        if "attention" in what:
+            rows = []
+            for k in range(K):
+                for h in range(H):
+                    w = att_weight[k].item()
+                    rows.append({"step": k + 1, "head": h,
+                                 "entropy": ent[k, h].item() / w if w else float("nan"),
+                                 "distance": dist[k, h].item() / w if w else float("nan"),
+                                 "calls": int(att_calls[k].item() / max(len(batches), 1))})
+            res["attention"] = rows
+            tokens = res["meta"]["tokens"] or 1
+            res["meta"]["max_entropy"] = math.log(tokens)  # uniform attention over all tokens
+            res["meta"]["uniform_distance"] = probe._distances(torch.device("cpu")).mean().item()
+        if "cka" in what:
+            res["cka"] = {"labels": ["emb"] + [str(k) for k in steps_col],
+                          "tokens": cka_tok.matrix().tolist(), "pooled": cka_pool.matrix().tolist()}
+        if "pruning" in what:
+            base = base_final_correct / n
+            res["pruning"] = {"base_acc": base, "heads": [], "mlp": [], "skip": []}
+            jobs = [("heads", Intervention("head", k, h)) for k in steps_col for h in range(H)]
+            jobs += [("mlp", Intervention("mlp", k, j, S)) for k in steps_col for j in range(S)]
+            jobs += [("skip", Intervention("skip", k)) for k in steps_col]
+            probe.attention = probe.features = False
+            for key, iv in _progress(jobs, progress, "pruning"):
+                right = 0
+                with probe.intervene(iv):
+                    for x, y in batches:
+                        x, y = x.to(device), y.to(device)
+                        zs = probe.states(x, K)
+                        logits = model.forward_head(model.norm(zs[-1]), step=K)
+                        right += (logits.argmax(-1) == y).sum().item()
+                acc = right / n
+                row = {"step": iv.step, "accuracy": acc, "drop": base - acc}
+                if key == "heads":
+                    row["head"] = iv.index
+                elif key == "mlp":
+                    row["slice"] = iv.index
+                res["pruning"][key].append(row)
+    return res
+
+
+def _progress(items, on: bool, desc: str):
+    if not on:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, leave=False, dynamic_ncols=True)
