@@ -102,6 +102,7 @@ class TrainConfig:
     compile: bool = False
     activation_checkpointing: bool = False
     progress: bool = True  # tqdm bars
+    tensorboard: bool = False  # also write TensorBoard event files in RUN/tb (needs the [tb] extra)
     supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
     depth: DepthConfig = field(default_factory=DepthConfig)
 

@@ -85,6 +85,7 @@ class VAETrainConfig:
     threads: int = 0  # CPU threads for torch (0: torch's default)
     eval_every: int = 1  # epochs between test evaluations
     progress: bool = True  # tqdm bars
+    tensorboard: bool = False  # also write TensorBoard event files in RUN/tb (needs the [tb] extra)
 
 
 @dataclass
