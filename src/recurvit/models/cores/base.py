@@ -22,11 +22,20 @@ never branch on a core's name:
 ``calls_per_step(cfg)``    calls of ONE shared block per step (None: not one shared block / varies)
 ``unrollable(cfg)``        step k is exactly ``block(z)`` with step-k weights (per-step adapters unroll)
 ``describe(cfg)``          a short label of how it runs ("ode rk4/state_subtracted")
+``cannot_step(cfg)``       why it cannot run one step at a time on a shrinking batch (None: it can)
 =========================  ======================================================================
 
 and of an instance: ``states(blocks, z, steps, grad_last)`` (the state after each step, in ONE
 pass), ``nfe`` (block applications of the last forward) and ``step_of_call(n)`` (the 1-based step
 of the n-th block call of the running forward, for probes).
+
+Per-step API (anytime inference, models/adaptive.py): ``s = core.begin(blocks, z)`` starts a forward
+from the embedded tokens and returns a :class:`StepState`; ``core.advance(s)`` applies ONE step to
+every row of ``s`` and returns the new state ``s.z``; ``s = s.select(idx)`` keeps only the rows
+``idx`` (images that have not exited), with everything the core carries per image (the re-injected
+input x0 of a recurrence or an ODE field). After k advances ``s.z`` equals the k-th state of
+``states(blocks, z, K)`` for each kept image. Cores for which ``cannot_step`` gives a reason raise
+ValueError from ``begin``.
 
 A new core is one file defining a subclass, plus one entry in ``CORES`` (cores/__init__.py).
 """
@@ -34,7 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import nullcontext
-from typing import Any, ClassVar, Dict, Iterator, List, Mapping, Optional
+from typing import Any, ClassVar, Dict, Iterator, List, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
@@ -43,6 +52,29 @@ import torch.nn as nn
 @dataclasses.dataclass
 class NoOptions:
     """A core without options of its own."""
+
+
+@dataclasses.dataclass
+class StepState:
+    """A forward in progress, advanced one step at a time by ``core.advance``.
+
+    ``z`` is the state after ``k`` steps (the embedded tokens at k = 0). ``rows`` holds what the
+    core carries per image (dim 0 is the batch; a list holds one such tensor per past step);
+    ``cache`` holds what the core rebuilds from ``rows`` (dropped by ``select``)."""
+
+    blocks: nn.ModuleList
+    z: torch.Tensor
+    k: int = 0
+    rows: Dict[str, Union[torch.Tensor, List[torch.Tensor]]] = dataclasses.field(default_factory=dict)
+    cache: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def select(self, idx: torch.Tensor) -> "StepState":
+        """The same forward on the rows ``idx`` only (a LongTensor of row indices)."""
+        take = lambda v: [t[idx] for t in v] if isinstance(v, list) else v[idx]  # noqa: E731
+        return StepState(self.blocks, self.z[idx], self.k, {n: take(v) for n, v in self.rows.items()})
+
+    def __len__(self) -> int:
+        return int(self.z.shape[0])
 
 
 class Core(nn.Module):
@@ -139,6 +171,11 @@ class Core(nn.Module):
     def describe(cls, cfg) -> str:
         return cls.name
 
+    @classmethod
+    def cannot_step(cls, cfg) -> Optional[str]:
+        """Why this config cannot run one step at a time (``begin`` / ``advance``); None: it can."""
+        return f"the {cls.name} core has no per-step execution (begin / advance)"
+
     # ------------------------------------------------------------------ the module side
     def check_steps(self, steps: Optional[int]) -> int:
         steps = self.nominal_steps if steps is None else int(steps)
@@ -151,6 +188,25 @@ class Core(nn.Module):
 
     def states(self, blocks: nn.ModuleList, z: torch.Tensor, steps: int,
                grad_last: Optional[int] = None) -> Iterator[torch.Tensor]:
+        raise NotImplementedError
+
+    def begin(self, blocks: nn.ModuleList, z: torch.Tensor) -> StepState:
+        """Start a forward from the embedded tokens ``z``, to be advanced one step at a time."""
+        reason = type(self).cannot_step(self.cfg)
+        if reason is not None:
+            raise ValueError(reason)
+        self.nfe = 0
+        return StepState(blocks, z)
+
+    def advance(self, state: StepState) -> torch.Tensor:
+        """Apply step ``state.k + 1`` to every row of ``state``; returns (and stores) the new state."""
+        if self.limit is not None and state.k >= self.limit:
+            raise ValueError(f"this {self.name} model runs at most {self.limit} steps")
+        state.z = self._advance(state)
+        state.k += 1
+        return state.z
+
+    def _advance(self, state: StepState) -> torch.Tensor:
         raise NotImplementedError
 
     def step_of_call(self, call: int) -> int:

@@ -288,6 +288,15 @@ class ODECore(Core):
         refine = f" h/{o.refine}" if int(o.refine) > 1 else ""
         return f"{cls.name} {o.method}/{o.field}{refine}"
 
+    @classmethod
+    def cannot_step(cls, cfg) -> Optional[str]:
+        m = cfg.options.method
+        if m in _STAGES:
+            return None
+        return (f"the ode core integrates one grid interval at a time only with a fixed-step one-step method "
+                f"({', '.join(_STAGES)}); '{m}' would restart its {'warm-up' if m in FIXED_METHODS else 'step-size'} "
+                f"selection at every interval and change the states")
+
     @property
     def current_time(self) -> float:
         return self._stats.t
@@ -360,6 +369,30 @@ class ODECore(Core):
             for k in range(1, b - a + 1):
                 yield sol[k]
             z = sol[-1]
+
+    # ------------------------------------------------------------- one step at a time
+    def begin(self, blocks, z):
+        state = super().begin(blocks, z)
+        self._stats.reset()
+        if self.cond.reinject:
+            state.rows["x0"] = z
+        return state
+
+    def _advance(self, state):
+        """Integrate ONE grid interval [t_k, t_{k+1}] with the grid of ``states`` (h / refine):
+        for one-step methods the same states as one call over [0, K h]."""
+        field = state.cache.get("field")
+        if field is None:
+            field = state.cache["field"] = self.make_field(state.blocks, state.rows.get("x0"))
+        z = state.z
+        tdtype = z.dtype if z.dtype in (torch.float32, torch.float64) else torch.float32
+        t = torch.arange(state.k, state.k + 2, device=z.device, dtype=tdtype) * self.step_size  # = time_grid[k:k+2]
+        self._running_steps = state.k + 1
+        self._stats.forward = True
+        sol = self._solve(field, z, t, False)
+        self._stats.forward = False
+        self.nfe = self._stats.nfe
+        return sol[-1]
 
     def extra_repr(self) -> str:
         return (f"field={self.field}, method={self.method}, t_end={self.t_end:g}, "

@@ -49,6 +49,20 @@ class Recurrent(Core):
         return " ".join([cls.name] + ([f"step_cond={o.step_cond}"] if o.step_cond != "none" else [])
                         + (["reinject"] if o.reinject else []))
 
+    @classmethod
+    def cannot_step(cls, cfg) -> Optional[str]:
+        return None
+
+    def begin(self, blocks, z):
+        state = super().begin(blocks, z)
+        if self.cond.reinject:
+            state.rows["x0"] = z  # re-injected at every step: leaves the batch with its image
+        return state
+
+    def _advance(self, state):
+        self.nfe += 1
+        return self.cond(state.blocks[0], state.z, state.k, state.rows.get("x0"))
+
     def states(self, blocks, z, steps, grad_last=None):
         self.nfe = 0
         block, x0 = blocks[0], z

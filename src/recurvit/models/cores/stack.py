@@ -43,6 +43,14 @@ class Stack(Core):
     def step_limit(cls, cfg) -> int:
         return int(cfg.depth)
 
+    @classmethod
+    def cannot_step(cls, cfg) -> Optional[str]:
+        return None
+
+    def _advance(self, state):
+        self.nfe += 1
+        return state.blocks[state.k](state.z)
+
     def states(self, blocks, z, steps, grad_last=None):
         self.nfe = 0
         for i in range(steps):
