@@ -1,7 +1,8 @@
 """SoftMoR mixture weights: which recursion step each token reads from.
 
 ``mixture_weights`` runs a trained SoftMoR model over test images and returns the router's
-token-wise softmax weights (``core.last_weights``); ``plot_mixture`` draws them over the patch grid.
+token-wise softmax weights (``core.last_weights``); ``plot_mixture`` draws them over the patch grid
+(matplotlib's object API, ``Figure``: the caller's backend is untouched).
 """
 from __future__ import annotations
 
@@ -46,15 +47,13 @@ def write_mean_csv(mean: torch.Tensor, path: Path) -> None:
 def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tensor, path: Path, title: str = "") -> None:
     """Rows: test images; columns: the image, then one panel per recursion step showing that step's
     weight (averaged over units) on the patch grid; last row: mean weight per unit and step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     B, U, N, r = examples.shape
     g = int(round(N ** 0.5))
     per_step = examples.mean(dim=1).reshape(B, g, g, r)  # averaged over units
-    fig, axes = plt.subplots(B + 1, r + 1, figsize=(1.6 * (r + 1), 1.6 * (B + 1)), dpi=110, squeeze=False)
+    fig = Figure(figsize=(1.6 * (r + 1), 1.6 * (B + 1)), dpi=110)
+    axes = fig.subplots(B + 1, r + 1, squeeze=False)
     for b in range(B):
         img = images[b]
         axes[b, 0].imshow(img.permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray")
@@ -81,4 +80,3 @@ def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tenso
     if title:
         fig.suptitle(title, fontsize=9)
     fig.savefig(path)
-    plt.close(fig)

@@ -88,12 +88,10 @@ def write_csv(rows: List[Dict[str, Any]], path: str | Path) -> Path:
 def plot(rows: List[Dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """Left: PSNR and out-of-range fraction against block applications (truncate / trained / extra).
     Right: PSNR change against the update factor, one line per (side, scale)."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.2))
+    ax1, ax2 = fig.subplots(1, 2)
     depth = sorted((r for r in rows if r["kind"] in ("trained", "truncate", "extra")),
                    key=lambda r: r["block_applications"])
     if depth:
@@ -128,7 +126,6 @@ def plot(rows: List[Dict[str, Any]], path: str | Path, title: str = "") -> Path:
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
