@@ -52,6 +52,7 @@ from ..errors import UserError
 from ..models.adapters import adapter_spec, attach_adapters, plain_state, unroll_step_lora
 from . import checkpoint as ckpt_io
 from .rundir import write_atomic
+from .tensorboard import EpochWriter
 
 METHODS = ("full", "head", "lora", "step_lora", "scratch")
 
@@ -168,12 +169,13 @@ def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optiona
     new_heads(model, info.num_classes)
     cfg = replace(cfg, model=replace(cfg.model, num_classes=info.num_classes))
     spec = prepare(model, method, rank, alpha)
-    with RunDir.create(out) as run:  # only once everything the user chose is known to work
+    with RunDir.create(out) as run, EpochWriter(out, cfg.train.tensorboard) as tb:  # once everything chosen works
         return _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_loader, info, device,
-                         rank, log)
+                         rank, log, tb)
 
 
-def _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_loader, info, device, rank, log):
+def _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_loader, info, device, rank, log,
+              tb=None):
     from ..data import build_batch_transform
     from .loop import evaluate, train_one_epoch
     from .losses import DepthSampler, stage_weights
@@ -213,6 +215,8 @@ def _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_
             metrics.update(test_loss=ev["loss"], test_acc=ev["accuracy"])
         metrics.update(train_seconds=elapsed, train_cpu_seconds=cpu, trainable_params=counts["trainable_params"])
         run.append_metrics(metrics)
+        if tb is not None:
+            tb.add_epoch(metrics)  # TensorBoard (train.tensorboard=true): a copy of the metrics line
         record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "epoch": epoch + 1, "finetune": info_rec}
         if "test_acc" in metrics and metrics["test_acc"] > best_acc:
             best_acc = metrics["test_acc"]

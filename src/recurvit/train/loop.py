@@ -28,6 +28,7 @@ from .losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weigh
 from .optim import build_optimizer, build_scheduler, follow_config, optimizer_step
 from .resume import check_resume, config_changes
 from .rundir import RunDir, open_run
+from .tensorboard import EpochWriter, require_tensorboard
 from .runtime import (autocast, build_loaders, pick_device, resolve_model_config, seed_everything, set_epoch,
                       show_progress)
 
@@ -81,6 +82,7 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
     tc = cfg.train
     weights = stage_weights(tc.supervision.weights, tc.supervision.stages if tc.supervision.stages > 1 else 1)
     n, loss_sum, correct, t0 = 0, 0.0, 0, time.perf_counter()
+    stage_sums, stage_n = [], []  # deep supervision: each readout's loss (summed x batch) and images
     bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False,
                disable=not (show_progress(tc.progress) and env.is_main), dynamic_ncols=True)
     for x, y in bar:
@@ -95,11 +97,13 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
             logits_at = forward(x, steps=k, at=at, grad_last=tc.depth.truncate or None)
         loss = supervised_loss(logits_at, target, w, tc.label_smoothing)
         b = len(y)
+        stages = _stage_losses(logits_at, target, tc.label_smoothing) if len(at) > 1 else []
         hard = target.argmax(-1) if target.ndim == 2 else target
         if env.enabled:  # global figures of this step; every rank sees the same (divergence stops all)
-            step_loss, step_correct, step_n = env.all_reduce_sum(
-                [loss.detach() * b, (logits_at[-1].argmax(-1) == hard).sum(), b], device)
+            step_loss, step_correct, step_n, *stages = env.all_reduce_sum(
+                [loss.detach() * b, (logits_at[-1].argmax(-1) == hard).sum(), b, *(s * b for s in stages)], device)
             step_loss /= max(step_n, 1)
+            stages = [s / max(step_n, 1) for s in stages]
         else:
             step_loss, step_correct, step_n = None, None, b
         if not torch.isfinite(loss if step_loss is None else torch.tensor(step_loss)):
@@ -115,10 +119,25 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
             n += int(round(step_n))
             loss_sum += step_loss * step_n
             correct += int(round(step_correct))
+        for i, s in enumerate(stages):
+            if i == len(stage_sums):
+                stage_sums.append(0.0)
+                stage_n.append(0)
+            stage_sums[i] += float(s) * step_n
+            stage_n[i] += step_n
         bar.set_postfix(loss=f"{loss_sum / n:.3f}", acc=f"{correct / n:.3f}",
                         img_s=f"{n / (time.perf_counter() - t0):.0f}")
     secs = time.perf_counter() - t0
-    return {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1), "img_per_s": n / secs, "seconds": secs}
+    out = {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1), "img_per_s": n / secs, "seconds": secs}
+    if stage_sums:  # the unweighted loss of each readout, earliest first (a new key: runs without stages lack it)
+        out["train_stage_losses"] = [s / max(k, 1) for s, k in zip(stage_sums, stage_n)]
+    return out
+
+
+@torch.no_grad()
+def _stage_losses(logits_at: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> list:
+    """Each readout's loss (the terms ``supervised_loss`` weighs), as floats."""
+    return torch.stack([soft_cross_entropy(lg, target, label_smoothing) for lg in logits_at]).tolist()
 
 
 def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
@@ -141,9 +160,9 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
         log = log if env.is_main else _quiet
         check_train_config(cfg)
         run = env.on_main(lambda: open_run(out, resume, log=log)) or RunDir(out, created=False, owner=False)
-        with run:
+        with run, EpochWriter(run.path, cfg.train.tensorboard and env.is_main) as tb:
             resume = env.broadcast(run.has_checkpoint()) if resume else False
-            return _train(cfg, run, resume, log, stop_after, env)
+            return _train(cfg, run, resume, log, stop_after, env, tb)
 
 
 def check_train_config(cfg: RunConfig) -> None:
@@ -162,6 +181,8 @@ def check_train_config(cfg: RunConfig) -> None:
         raise UserError("train.supervision.stages must be >= 1")
     if t.eval_every < 1:
         raise UserError(f"train.eval_every must be >= 1, got {t.eval_every}")
+    if t.tensorboard:
+        require_tensorboard()
 
 
 def _quiet(*args, **kwargs) -> None:
@@ -169,7 +190,7 @@ def _quiet(*args, **kwargs) -> None:
 
 
 def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[int],
-           env: dist_io.DistEnv) -> Dict[str, float]:
+           env: dist_io.DistEnv, tb: Optional[EpochWriter] = None) -> Dict[str, float]:
     out = run.path
     state = run.load_last() if resume else None  # every rank resumes from it
     if state is not None:
@@ -234,6 +255,8 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
         best = "test_acc" in metrics and metrics["test_acc"] > best_acc
         best_acc = metrics["test_acc"] if best else best_acc
         run.append_metrics(metrics)
+        if tb is not None:
+            tb.add_epoch(metrics)  # TensorBoard (train.tensorboard=true, rank 0): a copy of the metrics line
         record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "model": model.state_dict(), "epoch": epoch + 1}
         if best:
             run.save("best.pt", {**record, "test_acc": best_acc})

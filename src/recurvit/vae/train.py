@@ -21,6 +21,7 @@ from ..train import checkpoint as ckpt_io
 from ..train.optim import build_optimizer, build_scheduler, follow_config, optimizer_step
 from ..train.resume import check_resume, config_changes
 from ..train.rundir import RunDir, open_run
+from ..train.tensorboard import EpochWriter, require_tensorboard
 from ..train.runtime import autocast, pick_device, seed_everything, show_progress
 from .config import VAERunConfig, as_dict, config_from_dict, to_yaml
 from .data import build_vae_datasets, mean_image
@@ -46,6 +47,8 @@ def _check(cfg: VAERunConfig) -> None:
         raise UserError("train.kl_weight, train.perceptual_weight and train.adv.weight must be >= 0")
     if t.adv.start_step >= 0 and t.adv.layers < 1:
         raise UserError("train.adv.layers must be >= 1")
+    if t.tensorboard:
+        require_tensorboard()
 
 
 def train_vae(cfg: VAERunConfig, out: Path, resume: bool = False, log: Callable = print,
@@ -55,11 +58,12 @@ def train_vae(cfg: VAERunConfig, out: Path, resume: bool = False, log: Callable 
     ``stop_after=k`` stops after epoch k as an interruption would (the run can be resumed).
     """
     _check(cfg)
-    with open_run(Path(out), resume, log=log) as run:
-        return _train_vae(cfg, run, resume and run.has_checkpoint(), log, stop_after)
+    with open_run(Path(out), resume, log=log) as run, EpochWriter(run.path, cfg.train.tensorboard) as tb:
+        return _train_vae(cfg, run, resume and run.has_checkpoint(), log, stop_after, tb)
 
 
-def _train_vae(cfg: VAERunConfig, run: RunDir, resume: bool, log: Callable, stop_after: Optional[int]):
+def _train_vae(cfg: VAERunConfig, run: RunDir, resume: bool, log: Callable, stop_after: Optional[int],
+               tb: Optional[EpochWriter] = None):
     out = run.path
     state = run.load_last() if resume else None
     if state is not None and state.get("task") != TASK:
@@ -132,6 +136,8 @@ def _train_vae(cfg: VAERunConfig, run: RunDir, resume: bool, log: Callable, stop
                            test_out_of_range=ev["out_of_range"])
         metrics.update(baseline_psnr=baseline["psnr"], baseline_oracle_psnr=baseline["oracle_psnr"], train_seconds=elapsed)
         run.append_metrics(metrics)
+        if tb is not None:
+            tb.add_epoch(metrics)  # TensorBoard (train.tensorboard=true): a copy of the metrics line
         record = {"format": ckpt_io.FORMAT, "task": TASK, "config": cfg_dict, "model": model.state_dict(),
                   "epoch": epoch + 1}
         if "test_psnr" in metrics and metrics["test_psnr"] > best:
