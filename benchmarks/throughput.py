@@ -45,8 +45,9 @@ import sys
 import time
 import weakref
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -236,8 +237,38 @@ def median_ratio(a: List[float], b: List[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b))
 
 
-# ------------------------------------------------------------------------------------- main
-def run(args) -> Dict[str, Any]:
+# --------------------------------------------------------------------------------- the run
+@dataclass
+class Bench:
+    """What every measurement shares: settings, the three models, one input batch, the rows."""
+
+    args: argparse.Namespace
+    device: torch.device
+    amp: Callable[[], Any]
+    amp_on: bool
+    batch: int
+    rounds: int
+    log: Callable[..., None]
+    machine: str
+    common: Dict[str, Any]
+    models: Dict[str, nn.Module] = field(default_factory=dict)
+    g: Optional[torch.Generator] = None
+    x: Optional[torch.Tensor] = None
+    y: Optional[torch.Tensor] = None
+    rows: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def names(self) -> List[str]:
+        """bViT, ViT, timm (the order of ``build_models``)."""
+        return list(self.models)
+
+    def add(self, section, name, metric, value, unit, **over) -> None:
+        self.rows.append({**self.common, **over, "section": section, "name": name, "metric": metric,
+                          "value": value, "unit": unit})
+
+
+def setup(args) -> Bench:
+    """Device, threads, clock, autocast, batch and rounds from ``args``; the models and the batch."""
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -250,37 +281,39 @@ def run(args) -> Dict[str, Any]:
     amp_on = args.amp == "bf16" or (args.amp == "auto" and device.type == "cuda")
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if amp_on else nullcontext
     dtype_name = "bf16" if amp_on else "fp32"
-    quick = args.quick
-    batch = args.batch or (8 if quick else 32) * (8 if device.type == "cuda" else 1)
-    rounds = args.rounds or (3 if quick else 5)
+    batch = args.batch or (8 if args.quick else 32) * (8 if device.type == "cuda" else 1)
+    rounds = args.rounds or (3 if args.quick else 5)
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
     D, _ = WIDTHS[args.width]
     common = dict(batch=batch, img_size=args.img_size, patch_size=args.patch_size, embed_dim=D, steps=args.steps,
                   dtype=dtype_name, threads=torch.get_num_threads(), clock=clock, torch=torch.__version__,
                   date=_dt.date.today().isoformat(), machine=machine)
-    rows: List[Dict[str, Any]] = []
-
-    def add(section, name, metric, value, unit, **over):
-        rows.append({**common, **over, "section": section, "name": name, "metric": metric,
-                     "value": value, "unit": unit})
-
+    b = Bench(args, device, amp, amp_on, batch, rounds, log, machine, common)
     log(f"{machine}: torch {torch.__version__}, {torch.get_num_threads()} threads, {clock} clock, {dtype_name}, batch {batch}, "
         f"{args.img_size}px / patch {args.patch_size}, width {args.width}, steps {args.steps}")
-    models = build_models(args, device)
-    bvit_name, vit_name, timm_name = list(models)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 3, args.img_size, args.img_size, generator=g).to(device)
-    y = torch.randint(0, args.classes, (batch,), generator=g).to(device)
+    b.models = build_models(args, device)
+    b.g = torch.Generator().manual_seed(0)
+    b.x = torch.randn(batch, 3, args.img_size, args.img_size, generator=b.g).to(device)
+    b.y = torch.randint(0, args.classes, (batch,), generator=b.g).to(device)
+    return b
 
-    # ---- counted FLOPs per image (forward, training step)
+
+def counted_flops(b: Bench) -> Dict[str, Dict[str, Any]]:
+    """Counted FLOPs per image (forward, training step) of every model."""
     flops = {}
-    for name, m in models.items():
-        f = measure_flops(m, (3, args.img_size, args.img_size), batch=1)
+    for name, m in b.models.items():
+        f = measure_flops(m, (3, b.args.img_size, b.args.img_size), batch=1)
         flops[name] = f
-        add("flops", name, "flops_forward_per_image", f["flops_forward"], "FLOP")
-        add("flops", name, "flops_train_per_image", f["flops_train"], "FLOP")
+        b.add("flops", name, "flops_forward_per_image", f["flops_forward"], "FLOP")
+        b.add("flops", name, "flops_train_per_image", f["flops_train"], "FLOP")
+    return flops
 
-    # ---- throughput, interleaved
+
+def timed_steps(b: Bench) -> Tuple[Dict[str, List[float]], int, torch.dtype]:
+    """Seconds per call, interleaved, of every training step (+ bViT checkpointed, + compiled with
+    ``--compile``), every inference pass and the peak-measuring matmul: (times, matmul n, its dtype)."""
+    args, device, models = b.args, b.device, b.models
+    bvit_name = b.names[0]
     contenders: Dict[str, Callable[[], None]] = {}
     ckpt_name = f"{bvit_name}+ckpt"
     train_models = {n: copy.deepcopy(m) for n, m in models.items()}
@@ -294,62 +327,99 @@ def run(args) -> Dict[str, Any]:
             train_models[f"{n}+compile"] = c
     for n, m in train_models.items():
         m.train()
-        contenders[f"train:{n}"] = train_step(m, x, y, amp, device)
+        contenders[f"train:{n}"] = train_step(m, b.x, b.y, b.amp, device)
     infer_models = {n: copy.deepcopy(m).eval() for n, m in models.items()}
     if args.compile:
         for n in list(infer_models):
             infer_models[f"{n}+compile"] = compile_blocks(copy.deepcopy(models[n]).eval())
     for n, m in infer_models.items():
-        contenders[f"infer:{n}"] = infer_step(m, x, amp)
-    mm_n = args.matmul_n or (4096 if device.type == "cuda" else (1024 if quick else 2048))
-    mm_dtype = torch.bfloat16 if amp_on else torch.float32
+        contenders[f"infer:{n}"] = infer_step(m, b.x, b.amp)
+    mm_n = args.matmul_n or (4096 if device.type == "cuda" else (1024 if args.quick else 2048))
+    mm_dtype = torch.bfloat16 if b.amp_on else torch.float32
     contenders["matmul"] = matmul_step(mm_n, mm_dtype, device)
-    iters = {k: (1 if quick else 2) * (1 if k.startswith("train") else 2) for k in contenders}
+    iters = {k: (1 if args.quick else 2) * (1 if k.startswith("train") else 2) for k in contenders}
     iters["matmul"] = 10 if device.type == "cpu" else 50
     if device.type == "cuda":
         iters = {k: v * 10 for k, v in iters.items()}
-    log(f"throughput: {rounds} interleaved rounds")
-    times = interleaved(contenders, rounds, iters, device, log)
+    b.log(f"throughput: {b.rounds} interleaved rounds")
+    return interleaved(contenders, b.rounds, iters, device, b.log), mm_n, mm_dtype
 
+
+def throughput(b: Bench, times: Dict[str, List[float]], flops: Dict[str, Dict[str, Any]], mm_n: int,
+               mm_dtype: torch.dtype) -> Tuple[List[float], Dict[str, Any]]:
+    """The matmul peak; images per second of every contender and, for training, its achieved
+    FLOP/s and their fraction of the peak (per round). Returns (peak per round, summary)."""
     peak = [2 * mm_n ** 3 / t for t in times["matmul"]]
-    add("peak", "matmul", "matmul_flops_per_s", statistics.median(peak), "FLOP/s", batch=mm_n, dtype=str(mm_dtype).split(".")[-1])
-    summary: Dict[str, Any] = {"machine": machine, "matmul_peak_flops_per_s": statistics.median(peak)}
+    b.add("peak", "matmul", "matmul_flops_per_s", statistics.median(peak), "FLOP/s", batch=mm_n,
+          dtype=str(mm_dtype).split(".")[-1])
     for key, ts in times.items():
         if key == "matmul":
             continue
         kind, name = key.split(":", 1)
-        img_s = [batch / t for t in ts]
-        add(kind, name, "img_per_s", statistics.median(img_s), "img/s")
+        img_s = [b.batch / t for t in ts]
+        b.add(kind, name, "img_per_s", statistics.median(img_s), "img/s")
         if kind == "train":
             base = name.split("+")[0]
             achieved = [flops[base]["flops_train"] * v for v in img_s]
-            add(kind, name, "achieved_flops_per_s", statistics.median(achieved), "FLOP/s")
-            add(kind, name, "fraction_of_matmul_peak", statistics.median(a / p for a, p in zip(achieved, peak)), "")
+            b.add(kind, name, "achieved_flops_per_s", statistics.median(achieved), "FLOP/s")
+            b.add(kind, name, "fraction_of_matmul_peak", statistics.median(a / p for a, p in zip(achieved, peak)), "")
+    return peak, {"matmul_peak_flops_per_s": statistics.median(peak)}
+
+
+def speed_vs_timm(b: Bench, times: Dict[str, List[float]]) -> Dict[str, Any]:
+    """Training and inference speed of our ViT and bViT relative to timm's (median per-round ratio)."""
+    bvit_name, vit_name, timm_name = b.names
+    summary: Dict[str, Any] = {}
     for kind in ("train", "infer"):
         for name in (vit_name, bvit_name):
             r = median_ratio(times[f"{kind}:{timm_name}"], times[f"{kind}:{name}"])  # speed ratio = inverse time ratio
-            add(kind, name, f"speed_vs_{timm_name}", r, "x")
+            b.add(kind, name, f"speed_vs_{timm_name}", r, "x")
             summary[f"{kind}_speed_{name}_vs_timm"] = r
     summary["train_speed_bvit_vs_timm"] = summary[f"train_speed_{bvit_name}_vs_timm"]
-    summary["checkpointing_time_cost"] = median_ratio(times[f"train:{ckpt_name}"], times[f"train:{bvit_name}"])
-    add("train", ckpt_name, f"time_vs_{bvit_name}", summary["checkpointing_time_cost"], "x")
-    fr = [flops[bvit_name]["flops_train"] * batch / t / p for t, p in zip(times[f"train:{bvit_name}"], peak)]
-    summary["train_flops_fraction_of_matmul_peak"] = statistics.median(fr)
-    summary["train_flops_fraction_of_matmul_peak_timm"] = statistics.median(
-        flops[timm_name]["flops_train"] * batch / t / p for t, p in zip(times[f"train:{timm_name}"], peak))
-    if args.compile:
+    return summary
+
+
+def checkpointing_time_cost(b: Bench, times: Dict[str, List[float]]) -> Dict[str, Any]:
+    """Training time of bViT with activation checkpointing relative to without."""
+    bvit_name = b.names[0]
+    ckpt_name = f"{bvit_name}+ckpt"
+    cost = median_ratio(times[f"train:{ckpt_name}"], times[f"train:{bvit_name}"])
+    b.add("train", ckpt_name, f"time_vs_{bvit_name}", cost, "x")
+    return {"checkpointing_time_cost": cost}
+
+
+def flops_fraction(b: Bench, times: Dict[str, List[float]], flops: Dict[str, Dict[str, Any]],
+                   peak: List[float]) -> Dict[str, Any]:
+    """Achieved training FLOP/s of bViT (and timm) as a fraction of the matmul peak, median over rounds."""
+    bvit_name, _, timm_name = b.names
+    fr = [flops[bvit_name]["flops_train"] * b.batch / t / p for t, p in zip(times[f"train:{bvit_name}"], peak)]
+    return {"train_flops_fraction_of_matmul_peak": statistics.median(fr),
+            "train_flops_fraction_of_matmul_peak_timm": statistics.median(
+                flops[timm_name]["flops_train"] * b.batch / t / p for t, p in zip(times[f"train:{timm_name}"], peak))}
+
+
+def compile_speedups(b: Bench, times: Dict[str, List[float]]) -> Dict[str, Any]:
+    """With ``--compile``: compiled bViT against timm and against eager bViT."""
+    bvit_name, _, timm_name = b.names
+    summary: Dict[str, Any] = {}
+    if b.args.compile:
         for kind in ("train", "infer"):
             key = f"{kind}:{bvit_name}+compile"
             summary[f"{kind}_speed_{bvit_name}_compile_vs_timm"] = median_ratio(times[f"{kind}:{timm_name}"], times[key])
             summary[f"{kind}_speed_{bvit_name}_compile_vs_eager"] = median_ratio(times[f"{kind}:{bvit_name}"], times[key])
+    return summary
 
-    # ---- peak training memory against steps, with and without activation checkpointing
-    mem_batch = args.mem_batch or batch
-    log(f"memory: bViT training step at T = {', '.join(map(str, MEMORY_STEPS))}, batch {mem_batch}")
+
+def checkpointing_memory(b: Bench) -> Dict[str, Any]:
+    """Peak training memory of bViT against steps, with and without activation checkpointing."""
+    args, device, x, y = b.args, b.device, b.x, b.y
+    bvit_name = b.names[0]
+    mem_batch = args.mem_batch or b.batch
+    b.log(f"memory: bViT training step at T = {', '.join(map(str, MEMORY_STEPS))}, batch {mem_batch}")
     xm, ym = x[:mem_batch], y[:mem_batch]
-    if mem_batch > batch:
-        xm = torch.randn(mem_batch, *x.shape[1:], generator=g).to(device)
-        ym = torch.randint(0, args.classes, (mem_batch,), generator=g).to(device)
+    if mem_batch > b.batch:
+        xm = torch.randn(mem_batch, *x.shape[1:], generator=b.g).to(device)
+        ym = torch.randint(0, args.classes, (mem_batch,), generator=b.g).to(device)
     method = "cuda_max_allocated" if device.type == "cuda" else "live_tensor_peak"
     mem = {}
     for T in MEMORY_STEPS:
@@ -358,22 +428,28 @@ def run(args) -> Dict[str, Any]:
             m = create_model(f"bvit_{args.width}", steps=T, img_size=args.img_size, patch_size=args.patch_size,
                              num_classes=args.classes).to(device)
             set_activation_checkpointing(m, ckpt)
-            mem[T, ckpt] = peak_train_bytes(m, xm, ym, amp, device)
-            add("memory", bvit_name + ("+ckpt" if ckpt else ""), f"peak_train_bytes_{method}", mem[T, ckpt], "B",
-                steps=T, batch=mem_batch)
+            mem[T, ckpt] = peak_train_bytes(m, xm, ym, b.amp, device)
+            b.add("memory", bvit_name + ("+ckpt" if ckpt else ""), f"peak_train_bytes_{method}", mem[T, ckpt], "B",
+                  steps=T, batch=mem_batch)
             del m
-        add("memory", bvit_name, "checkpointing_memory_ratio", mem[T, True] / mem[T, False], "", steps=T, batch=mem_batch)
-        log(f"  T={T:>2}: {mem[T, False] / 2**20:8.1f} MiB, checkpointed {mem[T, True] / 2**20:7.1f} MiB "
-            f"({mem[T, True] / mem[T, False]:.2f})")
-    summary["memory_ratio_checkpointing_T48"] = mem[48, True] / mem[48, False]
-    summary["memory_growth_per_step_plain"] = (mem[48, False] - mem[6, False]) / 42
-    summary["memory_growth_per_step_checkpointed"] = (mem[48, True] - mem[6, True]) / 42
+        b.add("memory", bvit_name, "checkpointing_memory_ratio", mem[T, True] / mem[T, False], "", steps=T,
+              batch=mem_batch)
+        b.log(f"  T={T:>2}: {mem[T, False] / 2**20:8.1f} MiB, checkpointed {mem[T, True] / 2**20:7.1f} MiB "
+              f"({mem[T, True] / mem[T, False]:.2f})")
+    return {"memory_ratio_checkpointing_T48": mem[48, True] / mem[48, False],
+            "memory_growth_per_step_plain": (mem[48, False] - mem[6, False]) / 42,
+            "memory_growth_per_step_checkpointed": (mem[48, True] - mem[6, True]) / 42}
 
-    # ---- forward_steps(K=48) against 48 separate passes
-    fs_batch = args.fs_batch or ((2 if quick else 8) * (16 if device.type == "cuda" else 1))
-    log(f"horizon: forward_steps(K={HORIZON}) vs {HORIZON} separate passes, batch {fs_batch}")
-    model = copy.deepcopy(models[bvit_name]).eval()
-    xs = x[:fs_batch] if fs_batch <= batch else torch.randn(fs_batch, *x.shape[1:], generator=g).to(device)
+
+def forward_steps_speedup(b: Bench) -> Dict[str, Any]:
+    """``forward_steps(K=48)`` (every step's logits in one pass) against 48 separate passes and one K=48 pass."""
+    device, amp, x = b.device, b.amp, b.x
+    bvit_name = b.names[0]
+    quick = b.args.quick
+    fs_batch = b.args.fs_batch or ((2 if quick else 8) * (16 if device.type == "cuda" else 1))
+    b.log(f"horizon: forward_steps(K={HORIZON}) vs {HORIZON} separate passes, batch {fs_batch}")
+    model = copy.deepcopy(b.models[bvit_name]).eval()
+    xs = x[:fs_batch] if fs_batch <= b.batch else torch.randn(fs_batch, *x.shape[1:], generator=b.g).to(device)
 
     def one_pass():
         with torch.inference_mode(), amp():
@@ -393,25 +469,44 @@ def run(args) -> Dict[str, Any]:
         got = model.forward_steps(xs, steps=HORIZON)[[0, HORIZON // 2 - 1, HORIZON - 1]]
         assert torch.allclose(ref.float(), got.float(), rtol=1e-3, atol=1e-3)
     ht = interleaved({"forward_steps": one_pass, "separate": separate, "single_pass_K48": single_deep},
-                     2 if quick else 3, {"forward_steps": 1, "separate": 1, "single_pass_K48": 1}, device, log,
+                     2 if quick else 3, {"forward_steps": 1, "separate": 1, "single_pass_K48": 1}, device, b.log,
                      warmup=1)
-    summary["forward_steps_speedup_K48"] = median_ratio(ht["separate"], ht["forward_steps"])
-    summary["forward_steps_overhead_vs_one_pass_K48"] = median_ratio(ht["forward_steps"], ht["single_pass_K48"])
+    summary = {"forward_steps_speedup_K48": median_ratio(ht["separate"], ht["forward_steps"]),
+               "forward_steps_overhead_vs_one_pass_K48": median_ratio(ht["forward_steps"], ht["single_pass_K48"])}
     for k, v in ht.items():
-        add("horizon", bvit_name, f"seconds_{k}", statistics.median(v), "s", batch=fs_batch, steps=HORIZON)
-    add("horizon", bvit_name, "forward_steps_speedup", summary["forward_steps_speedup_K48"], "x", batch=fs_batch,
-        steps=HORIZON)
-    add("horizon", bvit_name, "forward_steps_overhead_vs_one_pass", summary["forward_steps_overhead_vs_one_pass_K48"],
-        "x", batch=fs_batch, steps=HORIZON)
+        b.add("horizon", bvit_name, f"seconds_{k}", statistics.median(v), "s", batch=fs_batch, steps=HORIZON)
+    b.add("horizon", bvit_name, "forward_steps_speedup", summary["forward_steps_speedup_K48"], "x", batch=fs_batch,
+          steps=HORIZON)
+    b.add("horizon", bvit_name, "forward_steps_overhead_vs_one_pass", summary["forward_steps_overhead_vs_one_pass_K48"],
+          "x", batch=fs_batch, steps=HORIZON)
+    return summary
 
-    # ---- targets
+
+def check_targets(b: Bench, summary: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """Every figure of ``TARGETS`` against its goal."""
     verdict = {}
     for key, (op, bound) in TARGETS.items():
         v = summary[key]
         verdict[key] = {"value": v, "target": f"{op} {bound}", "met": v >= bound if op == ">=" else v <= bound}
-        add("target", key, key, v, "", batch="", steps="")
-    summary["targets"] = verdict
-    return {"rows": rows, "summary": summary, "settings": {k: v for k, v in vars(args).items()}}
+        b.add("target", key, key, v, "", batch="", steps="")
+    return verdict
+
+
+def run(args) -> Dict[str, Any]:
+    """Every measurement in turn (the order of the results file); rows, summary and settings."""
+    b = setup(args)
+    flops = counted_flops(b)
+    times, mm_n, mm_dtype = timed_steps(b)
+    peak, rates = throughput(b, times, flops, mm_n, mm_dtype)
+    summary: Dict[str, Any] = {"machine": b.machine, **rates}
+    summary.update(speed_vs_timm(b, times))
+    summary.update(checkpointing_time_cost(b, times))
+    summary.update(flops_fraction(b, times, flops, peak))
+    summary.update(compile_speedups(b, times))
+    summary.update(checkpointing_memory(b))
+    summary.update(forward_steps_speedup(b))
+    summary["targets"] = check_targets(b, summary)
+    return {"rows": b.rows, "summary": summary, "settings": {k: v for k, v in vars(args).items()}}
 
 
 def write_csv(rows: List[Dict[str, Any]], path: Path) -> None:
