@@ -238,7 +238,7 @@ def test_cli_train_eval_intervene_profile_on_digits(tmp_path, capsys):
     capsys.readouterr()
 
     out = tmp_path / "profile.csv"
-    assert main(["vae", "profile", str(run), "--batch", "2", "--repeats", "1", "--out", str(out), "--json"]) == 0
+    assert main(["vae", "profile", str(run), "--batch-size", "2", "--repeats", "1", "--out", str(out), "--json"]) == 0
     prof = {r["model"]: r for r in csv.DictReader(open(out))}
     assert set(prof) == {f"{v}_{op}" for v in ("loopvae", "unshared", "matched") for op in ("conv", "transformer")}
     assert prof["loopvae_conv"]["flops_forward"] == prof["unshared_conv"]["flops_forward"]

@@ -78,7 +78,7 @@ def test_mixture_command_on_a_softmor_run(tmp_path, capsys):
                  "model.depth=2", "model.recursions=3", "model.steps=null", "model.global_pool=avg",
                  "model.class_token=false", "train.epochs=1", "train.progress=false", "--out", str(run)]) == 0
     capsys.readouterr()
-    assert main(["mixture", str(run), "--images", "3", "--json"]) == 0
+    assert main(["mixture", str(run), "--examples", "3", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert len(res["mean_weight_per_step"]) == 3
     assert sum(res["mean_weight_per_step"]) == pytest.approx(1.0, abs=1e-5)

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from .errors import UserError
 
-COMMANDS = ["train", "eval", "horizon", "flops", "match", "study", "mixture", "vae", "analyze", "finetune"]
+COMMANDS = ["train", "eval", "horizon", "flops", "match", "study", "mixture", "vae", "analyze", "finetune", "exit"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -21,16 +21,18 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+RESUMABLE = {"train": "recurvit train --resume RUN_DIR", "study": "the same recurvit study command",
+             "vae": "recurvit vae train --resume RUN_DIR"}  # commands whose interrupted work can continue
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = _Parser(prog="recurvit", description="Recurrent-depth vision transformers: train, evaluate, study.")
+    parser.add_argument("--version", action="version", version=f"recurvit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"recurvit.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"recurvit.commands.{name}":
-                continue  # command not built yet
-            raise
+        mod = importlib.import_module(f"recurvit.commands.{name}")
         p = mod.add_parser(sub)
         p.set_defaults(_run=mod.run)
     return parser
@@ -48,7 +50,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; resume with `recurvit train --resume RUN_DIR`", file=sys.stderr)
+        again = RESUMABLE.get(args.command)
+        print("interrupted" + (f"; continue with {again}" if again else ""), file=sys.stderr)
         return 130
 
 

@@ -19,7 +19,8 @@ def add_parser(sub):
                     "Writes a run directory (config.yaml, metrics.jsonl, best.pt, last.pt, finetune.json).")
     p.add_argument("run", type=Path, help="pretrained run directory or checkpoint")
     p.add_argument("--data", required=True, help="target data set (digits, fashion_mnist, cifar10, cifar100, ...)")
-    p.add_argument("--method", default="lora", choices=METHODS)
+    p.add_argument("--method", default="lora", choices=METHODS,
+                   help="what trains: full, head (linear probe), lora, step_lora (an adapter per step), scratch")
     p.add_argument("--rank", type=int, default=4, help="LoRA rank (lora, step_lora)")
     p.add_argument("--alpha", type=float, help="LoRA scale numerator: update = alpha / rank * B A (default: rank)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="data.* / train.* overrides, e.g. train.epochs=3")

@@ -1,7 +1,7 @@
-"""recurvit flops MODEL [key=value ...] [--batch B] [--steps K] [--json]"""
+"""recurvit flops MODEL [key=value ...] [--batch-size B] [--steps K] [--json]"""
 from __future__ import annotations
 
-from . import fmt_int, parse_overrides, print_json
+from . import add_device_arg, fmt_int, parse_overrides, print_json
 
 
 def add_parser(sub):
@@ -10,12 +10,12 @@ def add_parser(sub):
                                    "image (torch.utils.flop_counter), NFE and measured peak training memory.")
     p.add_argument("model", help="preset name (see `recurvit flops --list`)", nargs="?")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="model options, e.g. img_size=32 patch_size=4 steps=6")
-    p.add_argument("--batch", type=int, default=8, help="batch size of the memory measurement (default 8)")
+    p.add_argument("--batch-size", type=int, default=8, help="batch size of the memory measurement (default 8)")
     p.add_argument("--steps", type=int, help="run the forward at this many steps instead of the trained depth")
-    p.add_argument("--device", default="cpu")
+    add_device_arg(p)
     p.add_argument("--no-memory", action="store_true", help="skip the training-memory measurement")
     p.add_argument("--list", action="store_true", help="list the presets")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
 
@@ -27,12 +27,12 @@ def run(args) -> int:
     if args.list or not args.model:
         print("\n".join(list_models()))
         return 0 if args.list else 2
-    if args.batch < 1:
-        raise UserError(f"--batch must be >= 1, got {args.batch}")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     try:
-        res = account(args.model, batch=args.batch, device=args.device, memory=not args.no_memory,
+        res = account(args.model, batch=args.batch_size, device=args.device, memory=not args.no_memory,
                       run_steps=args.steps, **parse_overrides(args.overrides))
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -44,7 +44,7 @@ def run(args) -> int:
             ("param_bytes", fmt_int(res["param_bytes"])),
             ("flops_forward / img", fmt_int(res["flops_forward"])), ("flops_train / img", fmt_int(res["flops_train"])),
             ("flops_analytic", fmt_int(res.get("flops_analytic"))), ("nfe", fmt_int(res["nfe"])),
-            (f"peak_train_bytes (batch {args.batch})", fmt_int(res["peak_train_bytes"])),
+            (f"peak_train_bytes (batch {args.batch_size})", fmt_int(res["peak_train_bytes"])),
             ("steps", str(res.get("steps")))]
     print(f"{res['model']} ({res.get('core')} core)")
     for k, v in rows:

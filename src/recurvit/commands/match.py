@@ -9,13 +9,14 @@ def add_parser(sub):
                        description="For a recurrent model: the stacked ViT with matched FLOPs (same width, depth = "
                                    "block applications) and with matched stored parameters (within --tol). For a "
                                    "ViT: its recurrent partners.")
-    p.add_argument("model")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
-    p.add_argument("--by", choices=["flops", "params", "both"], default="both")
+    p.add_argument("model", help="preset name (see `recurvit flops --list`)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="model options, e.g. steps=6 embed_dim=64")
+    p.add_argument("--by", choices=["flops", "params", "both"], default="both",
+                   help="budget to match: forward FLOPs per image, stored parameters, or both (default)")
     p.add_argument("--tol", type=float, default=0.10, help="params matching tolerance (default 0.10)")
     p.add_argument("--prefer", choices=["depth", "closest"], default="depth",
                    help="params matching: same sequential depth first (default) or closest count")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
 

@@ -1,9 +1,9 @@
-"""recurvit mixture RUN_DIR [--images N] [--out DIR] [--json]"""
+"""recurvit mixture RUN_DIR [--examples N] [--out DIR] [--json]"""
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import print_json
+from . import add_device_arg, print_json
 
 
 def add_parser(sub):
@@ -11,10 +11,10 @@ def add_parser(sub):
                        description="Saves mixture.png (weights of each recursion step over the patch grid for a few "
                                    "test images) and mixture_mean.csv (mean weight per unit and step over the test set).")
     p.add_argument("run", type=Path, help="run directory of a SoftMoR (srvit_*) model")
-    p.add_argument("--images", type=int, default=4)
+    p.add_argument("--examples", type=int, default=4, help="test images drawn in mixture.png (default 4)")
     p.add_argument("--out", type=Path, help="output directory (default: the run directory)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--json", action="store_true")
+    add_device_arg(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
 
@@ -24,14 +24,14 @@ def run(args) -> int:
     from ..train.checkpoint import load_model_and_config
     from ..train.runtime import build_test_loader, pick_device
 
-    if args.images < 1:
-        raise UserError(f"--images must be >= 1, got {args.images}")
+    if args.examples < 1:
+        raise UserError(f"--examples must be >= 1, got {args.examples}")
     model, cfg = load_model_and_config(args.run)
     device = pick_device(args.device)
     model.to(device)
     test_loader, info = build_test_loader(cfg)
     try:
-        res = mixture_weights(model, test_loader, device, images=args.images)
+        res = mixture_weights(model, test_loader, device, images=args.examples)
     except ValueError as e:
         raise UserError(str(e)) from None
     out = args.out or (args.run if args.run.is_dir() else args.run.parent)

@@ -18,8 +18,12 @@ def add_parser(sub):
     p.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
                    help="optional YAML config, then dotted overrides such as train.epochs=5 model.steps=8")
     p.add_argument("--out", type=Path, help="run directory (default runs/<data>-<model>-<time>)")
-    p.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its last.pt")
-    p.add_argument("--json", action="store_true", help="print the final metrics as JSON")
+    p.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                   help="continue a run from its last.pt; key=value overrides of train.* apply from there (the "
+                        "optimizer and schedule follow them), overrides of the model or data are refused")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument("--force", action="store_true", help="start even when the memory estimate says it will not fit")
+    p.add_argument("--json", action="store_true", help="print the final metrics as JSON (no per-epoch lines)")
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="train data-parallel in N processes (launches torchrun --standalone --nproc_per_node N); "
                         "train.batch_size is the global batch")
@@ -32,6 +36,11 @@ def run(args) -> int:
     from ..train.runtime import default_run_dir
 
     cfg = load_run_config(args, load_config, _default_config())
+    if args.print_config:
+        from ..config import to_yaml
+
+        print(to_yaml(cfg), end="")
+        return 0
     out = args.resume if args.resume is not None else args.out
     if args.nproc is not None and args.nproc > 1:
         return _launch(args, cfg, out)
@@ -40,7 +49,7 @@ def run(args) -> int:
             out = Path(env.broadcast(str(default_run_dir(cfg)) if env.is_main else None))
         quiet = args.json or not env.is_main
         log = (lambda *a, **k: None) if quiet else print
-        metrics = train(cfg, out, resume=args.resume is not None, log=log)
+        metrics = train(cfg, out, resume=args.resume is not None, log=log, force=args.force)
         if not env.is_main:
             return 0
     if args.json:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from . import config_and_overrides, load_run_config, print_json
+from . import add_device_arg, config_and_overrides, load_run_config, print_json
 
 
 def _ints(text: str, what: str, minimum: int = 0):
@@ -61,7 +61,7 @@ def add_parser(sub):
     e.add_argument("--lpips", action="store_true", help="compute LPIPS (needs --lpips-weights and --vgg-weights)")
     e.add_argument("--rfid", action="store_true", help="compute rFID (needs --inception-weights)")
     e.add_argument("--grid", type=Path, help="PNG of originals over reconstructions (default RUN/recon_grid.png)")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help="print the result as JSON")
 
     i = vs.add_parser("intervene", help="loop interventions: fewer / extra loops, one loop's update scaled")
     i.add_argument("run", type=Path, help="VAE run directory or checkpoint")
@@ -72,7 +72,7 @@ def add_parser(sub):
     i.add_argument("--sides", default="encoder,decoder", help="sides whose loop updates are scaled")
     i.add_argument("--out", type=Path, help="directory for intervene.csv / intervene.png (default: the run directory)")
     _run_opts(i, loops=False)
-    i.add_argument("--json", action="store_true")
+    i.add_argument("--json", action="store_true", help="print the result as JSON")
 
     f = vs.add_parser("profile", help="stored params vs time per image and FLOPs: LoopVAE vs unshared reference")
     f.add_argument("args", nargs="*", metavar="[CONFIG.yaml|RUN_DIR] [key=value ...]",
@@ -80,12 +80,12 @@ def add_parser(sub):
     f.add_argument("--operators", default="conv,transformer", help="operators to profile (default conv,transformer)")
     f.add_argument("--no-matched", action="store_true",
                    help="leave out the conventional unshared VAE with the LoopVAE's stored-parameter budget")
-    f.add_argument("--batch", type=int, default=16, help="images per timed batch (default 16)")
+    f.add_argument("--batch-size", type=int, default=16, help="images per timed batch (default 16)")
     f.add_argument("--repeats", type=int, default=5, help="timed batches; the fastest is reported (default 5)")
-    f.add_argument("--device", default="cpu")
+    add_device_arg(f)
     f.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     f.add_argument("--out", type=Path, default=Path("vae_profile.csv"), help="CSV file (default vae_profile.csv)")
-    f.add_argument("--json", action="store_true")
+    f.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
 
@@ -95,8 +95,8 @@ def _run_opts(p, loops: bool = True):
         p.add_argument("--enc-loops", help="encoder loops per scale (overrides --loops)")
         p.add_argument("--dec-loops", help="decoder loops per scale (overrides --loops)")
     p.add_argument("--data-root", help="override data.root (data moved since training)")
-    p.add_argument("--max-test", type=int, help="evaluate on at most this many test images")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--images", type=int, help="evaluate on at most this many test images")
+    add_device_arg(p)
 
 
 def run(args) -> int:
@@ -134,8 +134,8 @@ def _setup(args):
     model, cfg, _ = load_vae_run(args.run)
     if args.data_root:
         cfg.data.root = args.data_root
-    if args.max_test is not None:
-        cfg.data.max_test = args.max_test
+    if args.images is not None:
+        cfg.data.max_test = args.images
     device = pick_device(args.device)
     model.to(device)
     train_set, test_set, _ = build_vae_datasets(cfg.data, cfg.train.seed)
@@ -235,14 +235,14 @@ def _profile(args) -> int:
     bad = [o for o in operators if o not in ("conv", "transformer")]
     if bad or not operators:
         raise UserError(f"--operators takes conv and/or transformer, got '{args.operators}'")
-    if args.batch < 1 or args.repeats < 1:
-        raise UserError("--batch and --repeats must be >= 1")
+    if args.batch_size < 1 or args.repeats < 1:
+        raise UserError("--batch-size and --repeats must be >= 1")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     if cfg.model.img_size is None or cfg.model.in_chans is None:
         _, _, info = build_vae_datasets(cfg.data, cfg.train.seed)
         cfg = resolve_vae_config(cfg, info)
-    rows = profile_models(cfg, operators, matched=not args.no_matched, batch=args.batch, repeats=args.repeats, device=args.device)
+    rows = profile_models(cfg, operators, matched=not args.no_matched, batch=args.batch_size, repeats=args.repeats, device=args.device)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     path = write_csv(rows, args.out)
     if args.json:
@@ -254,6 +254,6 @@ def _profile(args) -> int:
             print(f"{r['model']:<22}{r['params_stored']:>14,}{r['params_effective']:>13,}{r['block_applications']:>6}"
                   f"{r['flops_forward'] / 1e9:>12.3f}{r['flops_train'] / 1e9:>14.3f}{r['ms_forward']:>12.2f}"
                   f"{r['ms_train']:>14.2f}")
-        print(f"wrote {path} (batch {args.batch}, {rows[0]['threads']} threads, {rows[0]['device']})")
+        print(f"wrote {path} (batch {args.batch_size}, {rows[0]['threads']} threads, {rows[0]['device']})")
     return 0
 

@@ -5,7 +5,6 @@ from .drop import DropPath
 from .layer_scale import LayerScale
 from .mlp import Mlp
 from .patch_embed import PatchEmbed
-from .step_cond import StepConditioning, build_step_conditioning
+from .step_cond import StepConditioning
 
-__all__ = ["Attention", "Block", "DropPath", "LayerScale", "Mlp", "PatchEmbed",
-           "StepConditioning", "build_step_conditioning"]
+__all__ = ["Attention", "Block", "DropPath", "LayerScale", "Mlp", "PatchEmbed", "StepConditioning"]

@@ -23,7 +23,7 @@ stack ViT with T blocks: same logits, T x the block parameters; ``recurvit.train
 from __future__ import annotations
 
 import math
-from typing import Dict, Iterable, List, Optional
+from typing import Iterable, List, Optional
 
 import torch
 import torch.nn as nn
@@ -171,8 +171,3 @@ def attach_step_selector(model: nn.Module, selector: StepSelector) -> List[torch
     h1 = model.patch_embed.register_forward_pre_hook(lambda mod, args: selector.reset())
     h2 = model.blocks[0].register_forward_pre_hook(lambda mod, args: selector.advance())
     return [h1, h2]
-
-
-def adapter_state(model: nn.Module) -> Dict[str, torch.Tensor]:
-    """Only the adapter tensors (``...lora_A`` / ``...lora_B``) of a model's state_dict."""
-    return {k: v for k, v in model.state_dict().items() if k.endswith(("lora_A", "lora_B"))}

@@ -69,7 +69,3 @@ class StepConditioning(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, num_steps={self.num_steps}, reinject={self.reinject}"
-
-
-def build_step_conditioning(kind: str, num_steps: int, dim: int, reinject: bool = False) -> StepConditioning:
-    return StepConditioning(kind, num_steps, dim, reinject)

@@ -74,6 +74,15 @@ class DepthSampler:
         if cfg.schedule == "uniform" and not 1 <= cfg.min_steps <= self.hi:
             raise ValueError(f"train.depth needs 1 <= min_steps <= max_steps, got {cfg.min_steps}..{self.hi}")
 
+    @property
+    def deepest(self) -> int:
+        """The most steps a batch can be trained at (memory planning)."""
+        if self.cfg.schedule == "fixed":
+            return self.nominal
+        if self.cfg.schedule == "uniform":
+            return self.hi
+        return min(self.cfg.max_steps or 4 * self.nominal, self.cap or 10**9)
+
     def __call__(self) -> int:
         c = self.cfg
         if c.schedule == "fixed":
