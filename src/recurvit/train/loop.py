@@ -24,6 +24,7 @@ from ..config import RunConfig, as_dict, to_yaml
 from ..errors import UserError
 from . import checkpoint as ckpt_io
 from . import distributed as dist_io
+from .budget import check_param_memory, check_train_memory
 from .losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
 from .optim import build_optimizer, build_scheduler, follow_config, optimizer_step
 from .resume import check_resume, config_changes
@@ -141,12 +142,14 @@ def _stage_losses(logits_at: torch.Tensor, target: torch.Tensor, label_smoothing
 
 
 def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
-          stop_after: Optional[int] = None) -> Dict[str, float]:
+          stop_after: Optional[int] = None, force: bool = False) -> Dict[str, float]:
     """Train ``cfg`` into run directory ``out`` (or continue it from last.pt); returns final metrics.
 
     The run directory is owned through :class:`~recurvit.train.rundir.RunDir` (created, locked for
     the life of the run, cleaned up if nothing was written). With ``resume`` the overrides in
     ``cfg`` follow the rule of :mod:`recurvit.train.resume`.
+
+    ``force`` starts even when the memory estimate (:mod:`recurvit.train.budget`) says it will not fit.
 
     ``stop_after=k`` ends the run after epoch k as an interruption would (last.pt written), so a
     later ``resume=True`` continues it; used to test that resuming changes nothing.
@@ -162,7 +165,14 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
         run = env.on_main(lambda: open_run(out, resume, log=log)) or RunDir(out, created=False, owner=False)
         with run, EpochWriter(run.path, cfg.train.tensorboard and env.is_main) as tb:
             resume = env.broadcast(run.has_checkpoint()) if resume else False
-            return _train(cfg, run, resume, log, stop_after, env, tb)
+            try:
+                return _train(cfg, run, resume, log, stop_after, env, tb, force)
+            except (torch.OutOfMemoryError, MemoryError) as e:
+                raise _out_of_memory(cfg, e) from None
+            except RuntimeError as e:
+                if "allocate" not in str(e):
+                    raise
+                raise _out_of_memory(cfg, e) from None
 
 
 def check_train_config(cfg: RunConfig) -> None:
@@ -190,7 +200,7 @@ def _quiet(*args, **kwargs) -> None:
 
 
 def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[int],
-           env: dist_io.DistEnv, tb: Optional[EpochWriter] = None) -> Dict[str, float]:
+           env: dist_io.DistEnv, tb: Optional[EpochWriter] = None, force: bool = False) -> Dict[str, float]:
     out = run.path
     state = run.load_last() if resume else None  # every rank resumes from it
     if state is not None:
@@ -203,6 +213,9 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
 
     train_loader, test_loader, info = build_loaders(cfg, env=env, log=log)
     cfg = resolve_model_config(cfg, info)
+    m = cfg.model
+    check_param_memory(lambda: ckpt_io.build_model_from_config(cfg), device, force=force,
+                       what=f"model {m.name} (embed_dim={m.embed_dim}, depth={m.depth}, steps={m.steps})")
     model = build_model(cfg, device)
     opt = build_optimizer(model, cfg.train, device)
     sched = build_scheduler(opt, cfg.train, len(train_loader))
@@ -228,6 +241,10 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
     elif env.enabled and env.rank > 0:
         torch.manual_seed(dist_io.rank_seed(cfg.train.seed, env.rank))  # own dropout / augmentation draws
     forward = _speed_and_scale(model, cfg, device, env)
+    with torch.random.fork_rng(devices=[]):  # measuring must not move the run's random streams
+        batch = dist_io.per_rank_batch(cfg.train.batch_size, env.world_size) if env.enabled else cfg.train.batch_size
+        check_train_memory(model, (model.cfg.in_chans, model.cfg.img_size, model.cfg.img_size), depth.deepest, batch,
+                           device, f"{depth.deepest:,} steps x batch {batch:,}", force=force)
     run.write_config(to_yaml(cfg))  # what the run actually uses, overrides of a resume included
     cfg_dict = as_dict(cfg)
 
@@ -274,13 +291,16 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
 
 
 def build_model(cfg: RunConfig, device: torch.device) -> nn.Module:
-    """The run's model on ``device``; an allocation that does not fit is one line naming the sizes."""
-    try:
-        return ckpt_io.build_model_from_config(cfg).to(device)
-    except (MemoryError, torch.OutOfMemoryError) as e:
-        m = cfg.model
-        raise UserError(f"model {m.name} does not fit in memory (embed_dim={m.embed_dim}, depth={m.depth}, "
-                        f"steps={m.steps}): {str(e).splitlines()[0][:120]}; make it smaller") from None
+    """The run's model on ``device``."""
+    return ckpt_io.build_model_from_config(cfg).to(device)
+
+
+def _out_of_memory(cfg: RunConfig, e: BaseException) -> UserError:
+    """An allocation that failed anyway: one line naming the settings that size the run."""
+    m, t = cfg.model, cfg.train
+    return UserError(f"out of memory ({str(e).splitlines()[0][:100]}) with model {m.name} embed_dim={m.embed_dim} "
+                     f"depth={m.depth} steps={m.steps} and train.batch_size={t.batch_size}; make one of them smaller "
+                     "or set train.activation_checkpointing=true")
 
 
 def _speed_and_scale(model: nn.Module, cfg: RunConfig, device: torch.device,
