@@ -132,7 +132,7 @@ def test_step_conditioning_starts_as_plain_recurrence():
 
 def test_bad_model_options_are_user_errors():
     for kw in (dict(steps=0), dict(patch_size=5), dict(global_pool="max"), dict(step_cond="film"),
-               dict(embed_dim=50, num_heads=3)):
+               dict(embed_dim=50, num_heads=3), dict(num_classes=-1)):
         with pytest.raises(UserError):
             create_model("bvit_tiny", **{**TINY, **kw})
 
@@ -141,3 +141,30 @@ def test_stack_steps_override_sets_depth():
     vit = create_model("vit_tiny", steps=5, **TINY)
     assert len(vit.blocks) == 5 and vit.nominal_steps == 5
     assert recurvit.model_config("bvit_tiny").steps == 12
+
+
+def test_forward_head_has_timms_signature_and_keeps_the_stage_head_keyword():
+    """forward_head(z, pre_logits=False, *, step=None): timm's positional pre_logits; our stage
+    head selection stays a keyword (callers use forward_head(z, step=k))."""
+    import inspect
+
+    model = create_model("bvit_tiny", steps=4, stage_heads=2, **TINY).eval()
+    params = inspect.signature(model.forward_head).parameters
+    assert list(params)[:2] == ["z", "pre_logits"] and params["step"].kind is inspect.Parameter.KEYWORD_ONLY
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        z = model.forward_features(x, steps=1)
+        pooled = model.forward_head(z, True)
+        assert pooled.shape == (2, 48)
+        torch.testing.assert_close(model.forward_head(z, step=1), model.stage_heads[0](pooled))
+        torch.testing.assert_close(model.forward_head(z, step=4), model.head(pooled))
+        torch.testing.assert_close(model.forward_head(z), model.head(pooled))
+        torch.testing.assert_close(model(x, steps=1), model.forward_steps(x)[0])
+    with pytest.raises(TypeError):
+        model.forward_head(z, False, 1)  # step is keyword-only
+
+
+def test_headless_model_returns_pooled_features():
+    model = create_model("bvit_tiny", steps=2, **{**TINY, "num_classes": 0}).eval()
+    assert isinstance(model.head, torch.nn.Identity) and model.num_classes == 0
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, model.head_hidden_size)

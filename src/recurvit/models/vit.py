@@ -3,6 +3,10 @@
 With ``core="stack"`` this is timm's ``VisionTransformer`` (same state_dict keys, same forward).
 With ``core="recurrent"`` it is bViT: the same embedding and readout around ONE block applied
 ``steps`` times. ``forward_steps`` reads logits out after every step in a single pass.
+
+Every core also answers timm's model contract (``forward_intermediates``, ``reset_classifier``,
+``group_matcher``, ... in timm_contract.py, where an intermediate is the state after a STEP), and
+the bvit_* / srvit_* presets are timm models too (timm_presets.py).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import torch.nn as nn
 from ..layers import Block, PatchEmbed
 from .cores import Core, core_class
 from .registry import WIDTHS, register
+from .timm_contract import POOLS, TimmContract
 
 
 @dataclass
@@ -23,14 +28,14 @@ class ViTConfig:
     img_size: int = 224  # input resolution (square)
     patch_size: int = 16  # patch side; must divide img_size
     in_chans: int = 3  # image channels
-    num_classes: int = 1000  # classifier outputs
+    num_classes: int = 1000  # classifier outputs (0: no head, pooled features come out)
     embed_dim: int = 192  # width D
     depth: int = 12  # blocks stored (1 for a core with ONE shared block)
     num_heads: int = 3  # attention heads; D must be divisible by it
     mlp_ratio: float = 4.0  # MLP hidden = mlp_ratio * D
     qkv_bias: bool = True  # bias on the fused qkv projection
     class_token: bool = True  # prepend a learned [CLS] token
-    global_pool: str = "token"  # token: read [CLS]; avg: mean of patch tokens (timm: fc_norm instead of norm)
+    global_pool: str = "token"  # token: read [CLS]; avg: mean of patch tokens (timm: fc_norm instead of norm); "": none
     init_values: Optional[float] = None  # LayerScale init (None: no LayerScale)
     drop_rate: float = 0.0  # dropout on the pooled feature before the head
     drop_path: float = 0.0  # stochastic depth rate (linear over depth for stacks, constant for recurrence)
@@ -69,19 +74,25 @@ def _as_mapping(options: Any) -> Dict[str, Any]:
     return dict(options)
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(TimmContract, nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.cfg = cfg
-        if cfg.global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be token or avg, got '{cfg.global_pool}'")
+        if cfg.global_pool not in POOLS:
+            raise ValueError(f"global_pool must be token, avg or '' (none), got '{cfg.global_pool}'")
         if cfg.global_pool == "token" and not cfg.class_token:
             raise ValueError("global_pool=token needs class_token=true")
-        for key in ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "steps"):
+        for key in ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "steps"):
             if int(getattr(cfg, key)) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+        if int(cfg.num_classes) < 0:
+            raise ValueError(f"num_classes must be >= 0, got {cfg.num_classes}")
         D = cfg.embed_dim
         self.num_classes = cfg.num_classes
+        self.global_pool = cfg.global_pool  # pooling of forward_head (reset_classifier may change it)
+        self.embed_dim = self.num_features = self.head_hidden_size = D  # timm's widths: tokens, pooled
+        self.has_class_token = cfg.class_token
+        self.grad_checkpointing = False
         self.num_prefix_tokens = 1 if cfg.class_token else 0
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
@@ -96,10 +107,21 @@ class VisionTransformer(nn.Module):
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(D, eps=1e-6)
         self.fc_norm = nn.LayerNorm(D, eps=1e-6) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
-        self.head = nn.Linear(D, cfg.num_classes)
-        n_extra = max(cfg.stage_heads - 1, 0)
-        self.stage_heads = nn.ModuleList([nn.Linear(D, cfg.num_classes) for _ in range(n_extra)]) if n_extra else None
+        self.stage_heads = None
+        self._build_heads(cfg.num_classes)
         self._init_weights()
+
+    def _build_heads(self, num_classes: int) -> None:
+        """``head`` (and ``stage_heads``: one more per deep-supervision stage) with ``num_classes``
+        outputs on the model's device and dtype; nn.Identity and no stage heads for 0."""
+        dd = dict(device=self.pos_embed.device, dtype=self.pos_embed.dtype)
+
+        def make() -> nn.Module:
+            return nn.Linear(self.embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
+
+        self.head = make()
+        n_extra = max(self.cfg.stage_heads - 1, 0) if num_classes > 0 else 0
+        self.stage_heads = nn.ModuleList([make() for _ in range(n_extra)]) if n_extra else None
 
     # ------------------------------------------------------------------ init
     def _init_weights(self):
@@ -148,10 +170,19 @@ class VisionTransformer(nn.Module):
         S = max(self.cfg.stage_heads, 1)
         return min(S - 1, max(0, math.ceil(step * S / self.nominal_steps) - 1))
 
-    def forward_head(self, z: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
-        """Normed tokens (B, T, D) -> logits; ``step`` picks the stage head when there are several."""
-        x = z[:, self.num_prefix_tokens:].mean(dim=1) if self.cfg.global_pool == "avg" else z[:, 0]
-        x = self.head_drop(self.fc_norm(x))
+    def pool(self, z: torch.Tensor, pool_type: Optional[str] = None) -> torch.Tensor:
+        """Tokens (B, T, D) -> (B, D): [CLS] (token) or mean of the patch tokens (avg); "" keeps them."""
+        pool_type = self.global_pool if pool_type is None else pool_type
+        if pool_type == "avg":
+            return z[:, self.num_prefix_tokens:].mean(dim=1)
+        return z[:, 0] if pool_type == "token" else z
+
+    def forward_head(self, z: torch.Tensor, pre_logits: bool = False, *, step: Optional[int] = None) -> torch.Tensor:
+        """Normed tokens (B, T, D) -> logits (timm's signature); ``pre_logits``: the pooled feature
+        (B, head_hidden_size) instead. ``step`` picks the stage head when there are several."""
+        x = self.head_drop(self.fc_norm(self.pool(z)))
+        if pre_logits:
+            return x
         if self.stage_heads is not None and step is not None:
             s = self.stage_of(step)
             if s < len(self.stage_heads):
