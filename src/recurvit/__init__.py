@@ -39,3 +39,10 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(__all__))
+
+
+# timm finds models only in its own registry: register the bvit_* / srvit_* presets there once timm
+# is imported (now if it is, else by a one-shot import hook), without importing timm or torch here
+from . import _timm_hook  # noqa: E402
+
+_timm_hook.install()
