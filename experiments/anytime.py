@@ -78,6 +78,19 @@ def run_cell(run: Path, criterion: str, out: Path, args) -> dict:
     return res
 
 
+def unfinished(run: Path):
+    """Why ``run`` cannot be analysed yet (None: it finished training: the last epoch logged in
+    metrics.jsonl is the configured train.epochs)."""
+    import yaml
+
+    if not (run / "config.yaml").is_file() or not (run / "metrics.jsonl").is_file():
+        return "not trained yet"
+    want = int(yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"])
+    lines = [ln for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    epoch = max((json.loads(ln).get("epoch", 0) for ln in lines), default=0)
+    return None if epoch >= want else f"still training: epoch {epoch} of {want}"
+
+
 def meets(t: dict) -> bool:
     return (t["drop_points"] <= TARGET["drop_points"] and t["steps_pct_T"] <= TARGET["steps_pct_T"]
             and t["speedup"] >= TARGET["speedup"])
@@ -130,8 +143,9 @@ def main(argv=None) -> int:
     for kind in args.kinds:
         for seed in args.seeds:
             run = args.runs / f"{kind}__seed={seed}"
-            if not (run / "best.pt").is_file() and not (run / "last.pt").is_file():
-                missing.append(run.name)
+            why = unfinished(run)
+            if why:
+                missing.append(f"{run.name} ({why})")
                 continue
             for c in args.criteria:
                 res = run_cell(run, c, args.out / "runs" / run.name / c, args)
@@ -169,7 +183,7 @@ def main(argv=None) -> int:
         "", "![accuracy against mean steps](exit.png)",
     ]
     if missing:
-        lines += ["", f"Not found (not trained yet): {', '.join(missing)}."]
+        lines += ["", f"Left out: {', '.join(missing)}."]
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out / 'report.md'} and {args.out / 'exit.png'}")
     return 0
