@@ -16,18 +16,27 @@ from ..train.losses import soft_cross_entropy
 
 
 @torch.no_grad()
-def horizon_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_steps: int) -> Dict[str, List[float]]:
-    """Per-step test accuracy, loss and mean relative state change ||z_k - z_{k-1}|| / ||z_{k-1}||."""
+def horizon_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_steps: int,
+                  progress: bool = False) -> Dict[str, List[float]]:
+    """Per-step test accuracy, loss and mean relative state change ||z_k - z_{k-1}|| / ||z_{k-1}||
+    (``progress``: a bar over the batches, shown only on a terminal)."""
+    from tqdm.auto import tqdm
+
+    from ..train.runtime import show_progress
+
     model.eval()
     K = max_steps
     n = 0
     loss = torch.zeros(K, dtype=torch.float64)
     correct = torch.zeros(K, dtype=torch.float64)
     change = torch.zeros(K, dtype=torch.float64)
+    bar = tqdm(total=len(loader) * K, desc=f"sweeping {K} steps", unit="step", leave=False,
+               disable=not show_progress(progress))
     for x, y in loader:
         x, y = x.to(device), y.to(device)
         prev = model.embed(x)
         for k, z in enumerate(model.iter_states(x, K)):
+            bar.update()
             logits = model.forward_head(model.norm(z), step=k + 1)
             loss[k] += soft_cross_entropy(logits, y).item() * len(y)
             correct[k] += (logits.argmax(-1) == y).sum().item()

@@ -16,6 +16,8 @@ def add_parser(sub):
                    help="core options to evaluate with (ODE: method, refine, rtol, atol); others are an error")
     p.add_argument("--steps", type=int, help="steps to run (default: the trained depth)")
     p.add_argument("--data-root", help="where the run's data set lives now (overrides data.root)")
+    p.add_argument("--force", action="store_true", help="run even when the time or memory estimate is far beyond "
+                                                       "this machine")
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
@@ -23,6 +25,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..errors import UserError
+    from ..train.budget import check_eval_cost
     from ..train.checkpoint import load_model_and_config
     from ..train.loop import evaluate
     from ..train.runtime import build_test_loader, pick_device
@@ -38,7 +41,9 @@ def run(args) -> int:
     test_loader, _ = build_test_loader(cfg)
     steps = args.steps or model.nominal_steps
     try:
-        res = evaluate(model, test_loader, device, steps=steps, amp=cfg.train.amp)
+        check_eval_cost(model, next(iter(test_loader))[0].to(device), steps, len(test_loader),
+                        keeps_states=model.core.keeps_states, force=args.force)
+        res = evaluate(model, test_loader, device, steps=steps, amp=cfg.train.amp, progress=not args.json)
     except ValueError as e:
         raise UserError(str(e)) from None
     mc = model.cfg

@@ -15,6 +15,8 @@ def add_parser(sub):
     p.add_argument("--max-steps", type=int, metavar="K",
                    help="steps to sweep (default 16T; a stack or SoftMoR model stops at its depth)")
     p.add_argument("--out", type=Path, help="directory for horizon.csv / horizon.png (default: the run directory)")
+    p.add_argument("--force", action="store_true", help="run even when the time or memory estimate is far beyond "
+                                                       "this machine")
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="print the summary and the sweep as JSON")
     return p
@@ -23,6 +25,7 @@ def add_parser(sub):
 def run(args) -> int:
     from ..analysis.horizon import horizon_sweep, plot, summarize, write_csv
     from ..errors import UserError
+    from ..train.budget import check_eval_cost
     from ..train.checkpoint import load_model_and_config
     from ..train.runtime import build_test_loader, pick_device
 
@@ -38,7 +41,9 @@ def run(args) -> int:
     device = pick_device(args.device)
     model.to(device)
     test_loader, info = build_test_loader(cfg)
-    sweep = horizon_sweep(model, test_loader, device, K)
+    check_eval_cost(model, next(iter(test_loader))[0].to(device), K, len(test_loader),
+                    keeps_states=model.core.keeps_states, force=args.force)
+    sweep = horizon_sweep(model, test_loader, device, K, progress=not args.json)
     out_dir = args.out or (args.run if args.run.is_dir() else args.run.parent)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(sweep, out_dir / "horizon.csv")

@@ -39,20 +39,28 @@ MAX_COUNT = 10**9  # bound on epochs / batch size: larger values are a mistake, 
 # ------------------------------------------------------------------------------ evaluation
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable, device: torch.device, steps: Optional[int] = None,
-             amp: str = "auto", env: Optional[dist_io.DistEnv] = None) -> Dict[str, float]:
+             amp: str = "auto", env: Optional[dist_io.DistEnv] = None, progress: bool = False) -> Dict[str, float]:
     """Test loss and accuracy at ``steps`` (default: the trained depth).
 
     In a process group (``env``, default: the current one) each rank evaluates its loader's shard
-    and the sums are all-reduced, so every rank returns the figures of the whole test set."""
+    and the sums are all-reduced, so every rank returns the figures of the whole test set.
+    ``progress``: a bar over batches x steps (shown only on a terminal)."""
     model.eval()
     n, loss_sum, correct = 0, 0.0, 0
+    k = model.core.check_steps(steps)
+    bar = tqdm(total=len(loader) * k, desc=f"evaluating at {k} steps", unit="step", leave=False,
+               disable=not show_progress(progress))
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, amp):
-            logits = model(x, steps=steps)
+            z = None
+            for z in model.iter_states(x, k):  # model(x, steps=k), one step at a time for the bar
+                bar.update()
+            logits = model.forward_head(model.norm(z), step=k)
         loss_sum += soft_cross_entropy(logits, y).item() * len(y)
         correct += (logits.argmax(-1) == y).sum().item()
         n += len(y)
+    bar.close()
     env = dist_io.current() if env is None else env
     if env.enabled:
         loss_sum, correct, n = env.all_reduce_sum([loss_sum, correct, n], device)

@@ -83,6 +83,7 @@ class Core(nn.Module):
     shares_blocks: ClassVar[bool] = False
     partner: ClassVar[str] = "stack"
     DEFAULT_STEPS: ClassVar[int] = 12  # trained steps when a config gives none
+    keeps_states: ClassVar[bool] = False  # a forward holds every step's state at once (an ODE solve)
 
     def __init__(self, cfg):
         super().__init__()

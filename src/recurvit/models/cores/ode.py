@@ -240,6 +240,7 @@ class ODECore(Core):
     name = "ode"
     Options = ODEOptions
     shares_blocks = True
+    keeps_states = True  # odeint returns the state at every grid time of the solve
 
     def __init__(self, cfg):
         super().__init__(cfg)
