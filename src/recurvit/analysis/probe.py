@@ -21,7 +21,7 @@ For the discrete cores the step is set while driving the core's state generator
 
 Interventions (used by step-specific pruning; each active at ONE step only):
 - ``head``: zero one attention head's output slice (B, N, heads*head_dim) before ``attn.proj``
-  (forward pre-hook on ``attn.proj``) -- the same as ``Attention(head_mask=...)`` at that call;
+  (forward pre-hook on ``attn.proj``): the head removed from that call of the block;
 - ``mlp``: zero one contiguous slice of the MLP's hidden units before ``mlp.fc2``;
 - ``skip``: the block's output is replaced by its input (forward hook): the block is the identity
   at that step (for the state-subtracted ODE: zero update over the interval; with step

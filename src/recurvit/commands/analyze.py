@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import print_json
+from . import add_device_arg, print_json
 
 
 def add_parser(sub):
@@ -22,10 +22,12 @@ def add_parser(sub):
     p.add_argument("--images", type=int, default=512, help="test images used (a fixed random subset; default 512)")
     p.add_argument("--steps", type=int, help="steps to run (default: the trained depth)")
     p.add_argument("--mlp-slices", type=int, help="MLP hidden units cut into this many slices (default: heads)")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default 256)")
     p.add_argument("--out", type=Path, help="output directory (default RUN_DIR/analysis)")
     p.add_argument("--data-root", help="override data.root (data moved since training)")
-    p.add_argument("--device", default="auto")
+    add_device_arg(p)
+    p.add_argument("--force", action="store_true", help="run even when the time or memory estimate is far beyond "
+                                                       "this machine")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
 
@@ -37,6 +39,7 @@ def run(args) -> int:
     from ..analysis.per_step_report import summarize, write_outputs
     from ..data import build_datasets
     from ..errors import UserError
+    from ..train.budget import check_eval_cost
     from ..train.checkpoint import load_model_and_config
     from ..train.runtime import pick_device
 
@@ -67,10 +70,15 @@ def run(args) -> int:
     xs = torch.stack([x for x, _ in items])
     ys = torch.tensor([y for _, y in items])
     batches = [(xs[i:i + args.batch_size], ys[i:i + args.batch_size]) for i in range(0, n, args.batch_size)]
+    K = model.core.check_steps(args.steps)
+    # one pass of K steps, plus (pruning) one per step and masked unit: heads, MLP slices, the whole block
+    heads, slices = model.blocks[0].attn.num_heads, args.mlp_slices or model.blocks[0].attn.num_heads
+    passes = 1 + (K * (heads + slices + 1) if "pruning" in what else 0)
+    check_eval_cost(model, batches[0][0].to(device), K, len(batches) * passes, keeps_states=True, force=args.force)
     res = analyze_model(model, batches, what, steps=args.steps, mlp_slices=args.mlp_slices, device=device,
                         progress=not args.json)
     out = args.out or ((args.run if args.run.is_dir() else args.run.parent) / "analysis")
-    label = f"{cfg.model.name} ({model.cfg.core}, {res['meta']['steps']} steps) on {cfg.data.name}, {n} test images"
+    label = f"{cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)}, {res['meta']['steps']} steps) on {cfg.data.name}, {n} test images"
     files = write_outputs(res, out, title=label)
     summary = {"run": str(args.run), "model": cfg.model.name, **summarize(res), "images": n,
                "calls_per_step": res["meta"]["calls_per_step"], "out": str(out)}

@@ -1,8 +1,6 @@
 """Multi-head self-attention through F.scaled_dot_product_attention (timm key names)."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -21,14 +19,12 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, head_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x: (B, N, C). head_mask: optional (num_heads,) multiplier on each head's output."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (B, N, C) -> (B, N, C)."""
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, heads, N, head_dim)
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        if head_mask is not None:
-            x = x * head_mask.view(1, -1, 1, 1).to(x.dtype)
         x = x.transpose(1, 2).reshape(B, N, C)  # (B, N, heads * head_dim)
         return self.proj_drop(self.proj(x))
 
