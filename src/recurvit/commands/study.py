@@ -1,4 +1,9 @@
-"""recurvit study STUDY.yaml [--workers N] [--out DIR] [--report-only] [--json]"""
+"""recurvit study STUDY.yaml [--workers N] [--out DIR] [--report-only] [--json]
+                           [--launcher submitit [--cluster slurm|local] [--partition P] [--gpus-per-run N]
+                            [--cpus-per-run C] [--timeout-min M] [--mem-gb G] [--slurm-dir DIR] ...]
+
+``--launcher local`` (default): runs in worker processes on this machine. ``--launcher submitit``:
+each pending run as a Slurm job through submitit (see recurvit/study/launch.py)."""
 from __future__ import annotations
 
 import shlex
@@ -15,21 +20,74 @@ def add_parser(sub):
                                    "asks for more evaluation re-evaluates finished runs without training them), and "
                                    "writes results.csv, report.md (95%% intervals over seeds) and plots.")
     p.add_argument("study", type=Path, help="study YAML (see studies/)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="runs at a time, each in its own process with cores/N threads (default 1)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="runs at a time, each in its own process with cores/N threads (default 1; --launcher local)")
     p.add_argument("--out", type=Path, help="study directory for the runs (default: the study's runs: entry, "
                                            "else runs/studies/<name>)")
     p.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs, train nothing")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the report")
+    c = p.add_argument_group("cluster (--launcher submitit)", "each pending run is one job; a preempted or timed-out "
+                             "job is requeued and resumes from its last checkpoint; this command waits for the jobs "
+                             "and writes the report")
+    c.add_argument("--launcher", choices=("local", "submitit"), default="local",
+                   help="local: worker processes here (default); submitit: Slurm jobs through submitit")
+    c.add_argument("--cluster", choices=("slurm", "local"), default=None,
+                   help="slurm (default) or local: the same jobs as local processes (submitit's LocalExecutor)")
+    c.add_argument("--partition", help="Slurm partition")
+    c.add_argument("--gpus-per-run", type=int, default=None, metavar="N",
+                   help="GPUs per job (default 1 on Slurm, 0 locally); N > 1 trains the run in N processes "
+                        "(torchrun/DDP, as recurvit train --nproc N)")
+    c.add_argument("--cpus-per-run", type=int, default=None, metavar="C", help="CPU cores per job (default 4)")
+    c.add_argument("--timeout-min", type=int, default=None, metavar="M",
+                   help="time limit of a job in minutes (default 240); a run that needs longer is requeued")
+    c.add_argument("--max-timeouts", type=int, default=None, metavar="K",
+                   help="requeues of a job after its time limit (default 3; preemptions always requeue)")
+    c.add_argument("--mem-gb", type=float, default=None, metavar="G", help="memory per job (default: the partition's)")
+    c.add_argument("--slurm-dir", type=Path, default=None, metavar="DIR",
+                   help="job logs and submitit files (default <study dir>/slurm)")
+    c.add_argument("--slurm-arg", action="append", default=None, metavar="KEY=VALUE",
+                   help="another sbatch option, e.g. account=myproj or qos=high (repeatable)")
+    c.add_argument("--poll", type=float, default=None, metavar="S", help="seconds between job status checks (default 30)")
     return p
+
+
+CLUSTER_FLAGS = ("cluster", "partition", "gpus_per_run", "cpus_per_run", "timeout_min", "max_timeouts", "mem_gb",
+                 "slurm_dir", "slurm_arg", "poll")
+
+
+def cluster_options(args):
+    """The --launcher submitit flags as ClusterOptions (defaults where a flag is not given)."""
+    from ..errors import UserError
+    from ..study.launch import ClusterOptions
+
+    given = {k: getattr(args, k) for k in CLUSTER_FLAGS if getattr(args, k) is not None}
+    extra = {}
+    for item in given.pop("slurm_arg", []):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--slurm-arg '{item}' is not of the form key=value (e.g. account=myproj)")
+        extra[key.replace("-", "_")] = value
+    if "poll" in given:
+        given["poll_s"] = given.pop("poll")
+    return ClusterOptions(**given, slurm_args=extra)
 
 
 def run(args) -> int:
     from ..errors import UserError
     from ..study import collect, load_study, run_dir_root, run_study, write_report
 
-    if args.workers < 1:
-        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    workers = 1 if args.workers is None else args.workers
+    if workers < 1:
+        raise UserError(f"--workers must be >= 1, got {workers}")
+    if args.launcher == "submitit":
+        if args.workers is not None:
+            raise UserError("--workers is for --launcher local; with --launcher submitit every run is its own job")
+        opts = cluster_options(args)
+        opts.check()
+    else:
+        named = [f"--{k.replace('_', '-')}" for k in CLUSTER_FLAGS if getattr(args, k) is not None]
+        if named:
+            raise UserError(f"{', '.join(named)}: only with --launcher submitit")
     study = load_study(args.study)
     out = args.out or run_dir_root(study)
     log = (lambda *a, **k: None) if args.json else print
@@ -37,8 +95,12 @@ def run(args) -> int:
         rows = collect(out, study)
         if not rows:
             raise UserError(f"no finished runs in {out}; run the study first")
+    elif args.launcher == "submitit":
+        from ..study.launch import run_study_submitit
+
+        rows = run_study_submitit(study, out, opts, progress=not args.json, log=log)
     else:
-        rows = run_study(study, out, workers=args.workers, progress=not args.json, log=log)
+        rows = run_study(study, out, workers=workers, progress=not args.json, log=log)
     command = "recurvit study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["study"] else ""
     report = write_report(rows, study, study.results or out, command=command)
     if args.json:

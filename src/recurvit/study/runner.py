@@ -2,8 +2,13 @@
 
 A run's evaluation is recorded with the study's ``eval_spec``; when a study asks for more (a longer
 horizon, another solver), finished runs are re-evaluated from their checkpoint without training.
-Runs go to worker processes (``--workers N``, one thread each by default); a run that fails with a
-user error (diverged, bad option) is reported in the study, not fatal to it.
+Runs go to worker processes (``--workers N``, one thread each by default) or, with ``--launcher
+submitit``, to cluster jobs (:mod:`recurvit.study.launch`); a run that fails with a user error
+(diverged, bad option) is reported in the study, not fatal to it.
+
+``run_one(..., nproc=N)`` trains a classification run data-parallel in N processes (torchrun, one GPU
+each: ``recurvit train --nproc N``'s processes) and evaluates it in this process; a cluster job with
+``--gpus-per-run N`` runs that way.
 """
 from __future__ import annotations
 
@@ -34,7 +39,8 @@ def _load_config(load: Callable, out: Path, base: str, overrides: List[str]):
 
 
 # ----------------------------------------------------------------------------- classification
-def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any]) -> Dict[str, Any]:
+def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
+                 threads: Optional[int] = None) -> Dict[str, Any]:
     from ..analysis.accounting import account
     from ..analysis.horizon import horizon_sweep, summarize
     from ..config import load_config
@@ -45,7 +51,10 @@ def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str
 
     cfg = _load_config(load_config, out, base, overrides)
     cfg.train.progress = False
-    metrics = train(cfg, out, resume=out.is_dir(), log=_quiet)
+    if nproc > 1:
+        metrics = _train_ddp(base, overrides, out, nproc, threads)
+    else:
+        metrics = train(cfg, out, resume=out.is_dir(), log=_quiet)
     t0 = time.perf_counter()
     model, cfg = load_model_and_config(out / "last.pt")
     device = pick_device(cfg.train.device)
@@ -81,8 +90,38 @@ def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str
     }
 
 
+def _train_ddp(base: str, overrides: List[str], out: Path, nproc: int, threads: Optional[int]) -> Dict[str, Any]:
+    """Train (or resume) ``out`` in ``nproc`` processes under torchrun (DDP, one GPU each when the run
+    is on CUDA); returns the last metrics line. The ranks' output goes to this process's (the job's log)."""
+    import subprocess
+
+    from ..train import distributed as dist_io
+    from ..train.rundir import RunDir
+
+    resume = (out / "config.yaml").is_file()  # else: a new run (or one killed before it wrote anything)
+    args = ["train", *([] if resume else [str(base)]), *overrides, "train.progress=false",
+            *(["--resume", str(out)] if resume else ["--out", str(out)])]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (threads or nproc) // nproc))}
+    proc = subprocess.Popen(dist_io.torchrun_command(nproc, args), env=env)
+    try:
+        rc = proc.wait()
+    except BaseException:  # preempted (submitit's handler exits this process): stop the ranks first
+        proc.terminate()  # torchrun passes it on to its workers; last.pt stays the last whole epoch's
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    if rc != 0:
+        raise UserError(f"recurvit train in {nproc} processes (torchrun) ended with exit status {rc}; "
+                        "its own message is above in this run's log")
+    rows = RunDir(out, created=False, owner=False).read_metrics()
+    return rows[-1] if rows else {}
+
+
 # ------------------------------------------------------------------------------------- LoopVAE
-def run_vae(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any]) -> Dict[str, Any]:
+def run_vae(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
+            threads: Optional[int] = None) -> Dict[str, Any]:
     import torch
 
     from ..analysis.accounting import count_params, measure_flops
@@ -93,6 +132,8 @@ def run_vae(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any
     from ..vae.evaluate import evaluate_vae, load_vae_run, make_test_loader
     from ..vae.train import train_vae
 
+    if nproc > 1:
+        raise UserError("LoopVAE runs train in one process: use one GPU per run (--gpus-per-run 1)")
     cfg = _load_config(load_vae_config, out, base, overrides)
     cfg.train.progress = False
     metrics = train_vae(cfg, out, resume=out.is_dir(), log=_quiet)
@@ -129,15 +170,18 @@ TASK_RUNNERS = {"classify": run_classify, "vae": run_vae}
 
 
 def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dict[str, Any],
-            labels: Dict[str, str], threads: Optional[int] = None) -> Dict[str, Any]:
-    """Train (or resume) one grid point, evaluate it and write its result.json."""
+            labels: Dict[str, str], threads: Optional[int] = None, nproc: int = 1) -> Dict[str, Any]:
+    """Train (or resume) one grid point, evaluate it and write its result.json.
+
+    ``nproc`` > 1: train in that many processes (torchrun, DDP), evaluate here."""
     if threads:
         import torch
 
         torch.set_num_threads(threads)
     out_p = Path(out)
+    (out_p / "error.txt").unlink(missing_ok=True)  # of an earlier, failed attempt
     t0 = time.perf_counter()
-    res = TASK_RUNNERS[task](base, overrides, out_p, eval_spec)
+    res = TASK_RUNNERS[task](base, overrides, out_p, eval_spec, nproc=nproc, threads=threads)
     res = {"run_id": out_p.name, **labels, **res, "overrides": overrides, "eval": eval_spec,
            "wall_seconds": time.perf_counter() - t0}
     _write_result(out_p, res)
