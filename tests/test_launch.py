@@ -151,10 +151,20 @@ def test_cli_flag_errors(study_file, tmp_path, capsys):
     assert main(base + ["--launcher", "submitit", "--cluster", "local", "--slurm-arg", "qos"]) == 2
     assert "not of the form key=value" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
-    with pytest.raises(UserError, match="sbatch is not found"):
-        if __import__("shutil").which("sbatch"):
-            pytest.skip("Slurm is installed here")
+
+
+def test_without_slurm_or_submitit_one_line(study_file, tmp_path, monkeypatch):
+    import sys
+
+    import recurvit.study.launch as launch
+
+    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+    with pytest.raises(UserError, match="sbatch is not found here.*--cluster local"):
         run_study_submitit(load_study(study_file), tmp_path / "o", ClusterOptions(), progress=False)
+    monkeypatch.setitem(sys.modules, "submitit", None)
+    with pytest.raises(UserError, match=r'pip install -e "\.\[cluster\]"'):
+        run_study_submitit(load_study(study_file), tmp_path / "o", ClusterOptions(cluster="local"), progress=False)
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_run_with_several_gpus_trains_in_torchrun_processes(study_file, tmp_path):
@@ -179,3 +189,41 @@ def test_a_run_with_several_gpus_trains_in_torchrun_processes(study_file, tmp_pa
     assert [r["epoch"] for r in _rows(run)] == [1, 2]
     assert (run / "metrics.jsonl").read_text().splitlines()[0] == first
     assert load_checkpoint(run / "last.pt")["world_size"] == 2  # epoch 2 ran in two processes
+
+
+def test_slurm_job_settings_become_sbatch_options(tmp_path, monkeypatch):
+    import recurvit.study.launch as launch
+
+    monkeypatch.setattr(launch.shutil, "which", lambda name: "/usr/bin/" + name)  # as on a login node
+    opts = ClusterOptions(partition="gpu", gpus_per_run=2, cpus_per_run=8, timeout_min=60, mem_gb=32.0,
+                          slurm_args={"account": "proj"})
+    text = launch.make_executor(opts, tmp_path, "recurvit-x")._executor._make_submission_file_text("CMD", "uid")
+    for line in ("--partition=gpu", "--gpus-per-node=2", "--cpus-per-task=8", "--time=60", "--mem=32GB",
+                 "--account=proj", "--ntasks-per-node=1", "--job-name=recurvit-x", "--signal=USR2@"):
+        assert f"#SBATCH {line}" in text, line
+    assert ClusterOptions().gpus == 1 and ClusterOptions(cluster="local").gpus == 0
+
+
+def test_a_second_command_reattaches_to_queued_or_running_jobs(tmp_path, monkeypatch):
+    """jobs.json keeps the ids of submitted jobs; a job Slurm still runs is waited for, not resubmitted."""
+    import submitit
+
+    from recurvit.study.launch import JOBS_FILE, _attach, _record
+
+    class FakeSlurmJob:
+        running = {"11_0"}
+
+        def __init__(self, folder, job_id):
+            self.job_id = job_id
+
+        def done(self):
+            return self.job_id not in self.running
+
+    monkeypatch.setattr(submitit, "SlurmJob", FakeSlurmJob)
+    _record(tmp_path, {"a": "11_0"})
+    _record(tmp_path, {"b": "11_1"})
+    assert json.loads((tmp_path / JOBS_FILE).read_text()) == {"a": "11_0", "b": "11_1"}
+    todo = [{"out": str(tmp_path / "runs" / r)} for r in ("a", "b", "c")]
+    found = _attach(tmp_path, "slurm", todo)
+    assert list(found) == [todo[0]["out"]] and found[todo[0]["out"]].job_id == "11_0"
+    assert _attach(tmp_path, "local", todo) == {}

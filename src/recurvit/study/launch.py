@@ -146,10 +146,10 @@ def run_study_submitit(study: Study, out: Path, opts: ClusterOptions, progress: 
     if study.task == "vae" and opts.gpus > 1:
         raise UserError("LoopVAE runs train in one process: use --gpus-per-run 1 for a vae study")
     out = Path(out).resolve()
-    (out / "runs").mkdir(parents=True, exist_ok=True)
     folder = Path(opts.slurm_dir).resolve() if opts.slurm_dir else out / "slurm"
+    ex = make_executor(opts, folder, f"recurvit-{study.name}")  # (its checks come before any directory is made)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
     done, todo = pending(study, out)
-    ex = make_executor(opts, folder, f"recurvit-{study.name}")
     for kw in todo:  # what the job needs: absolute paths (a node may start elsewhere), its share of the node
         kw.update(base=str(Path(kw["base"]).resolve()), out=str(Path(kw["out"]).resolve()),
                   threads=opts.cpus_per_run, nproc=max(1, opts.gpus))
