@@ -116,7 +116,8 @@ class RunConfig:
 
 def _fail(exc: Exception, where: str) -> UserError:
     msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return UserError(f"bad config ({where}): {msg}")
+    key = getattr(exc, "full_key", None)  # OmegaConf names the offending key
+    return UserError(f"bad config ({where}){f' {key}' if key else ''}: {msg}")
 
 
 def _option_keys(schema: type) -> Optional[set]:

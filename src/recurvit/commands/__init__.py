@@ -47,8 +47,10 @@ def load_run_config(args, load, default_path: str):
     config, overrides = config_and_overrides(args.args)
     if args.resume is None:
         return load(config or default_path, overrides)
+    if not args.resume.is_dir():
+        raise UserError(f"cannot resume: {args.resume} is not a run directory")
+    if not (args.resume / "config.yaml").is_file():  # stopped before it wrote anything: starts afresh
+        return load(config or default_path, overrides)
     if config is not None:
         raise UserError("--resume reads the run's own config.yaml; give only key=value overrides with it")
-    if not (args.resume / "config.yaml").is_file():
-        raise UserError(f"cannot resume: {args.resume / 'config.yaml'} not found (is {args.resume} a run directory?)")
     return load(args.resume / "config.yaml", overrides)

@@ -1,0 +1,204 @@
+"""Run safety (issue 12), through the real CLI in subprocesses: one writer per run directory, resume
+that says what it changes, one line and exit 2 for a user's mistake, output that fits a pipe."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+
+from recurvit.train.rundir import RunDir
+
+TINY = ["model.embed_dim=24", "model.num_heads=2", "model.steps=2", "train.batch_size=256"]
+
+
+def _env(**extra):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
+    env.pop("TQDM_DISABLE", None) if "TQDM_DISABLE" not in extra else None
+    return env
+
+
+def cli(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "recurvit.cli", *map(str, args)], capture_output=True, text=True,
+                          env=env or _env(), timeout=timeout)
+
+
+def start(*args):
+    return subprocess.Popen([sys.executable, "-m", "recurvit.cli", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
+
+
+def one_line_exit_2(res, needle):
+    err = res.stderr.strip()
+    assert res.returncode == 2, (res.returncode, err)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert needle in err, err
+
+
+def epochs(run):
+    return [json.loads(ln)["epoch"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------- one writer
+def test_two_trainers_started_at_once_one_writes_the_other_exits_2(tmp_path):
+    run = tmp_path / "same"
+    procs = [start("train", *TINY, "train.epochs=2", f"train.seed={s}", "--out", run) for s in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], outs
+    loser = next(err for p, (_, err) in zip(procs, outs) if p.returncode == 2).strip()
+    assert len(loser.splitlines()) == 1 and ("in use" in loser or "already exists" in loser), loser
+    assert epochs(run) == [1, 2]  # every epoch once, from one writer
+    winner_seed = next(s for s, p in zip((0, 1), procs) if p.returncode == 0)
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["seed"] == winner_seed
+
+
+def test_resume_of_a_running_run_is_refused_and_a_killed_run_resumes(tmp_path):
+    run = tmp_path / "r"
+    p = start("train", *TINY, "train.epochs=8", "--out", run)
+    t0 = time.time()
+    while not (run / "last.pt").is_file():
+        assert p.poll() is None and time.time() - t0 < 240
+        time.sleep(0.2)
+    one_line_exit_2(cli("train", "--resume", run), "in use")
+    p.send_signal(signal.SIGKILL)  # the OS releases the lock of a killed process
+    p.wait()
+    res = cli("train", "--resume", run)
+    assert res.returncode == 0, res.stderr
+    assert epochs(run) == list(range(1, 9))
+
+
+def test_the_lock_protects_finetune_and_vae_train(tmp_path):
+    src = tmp_path / "src"
+    assert cli("train", *TINY, "train.epochs=1", "--out", src).returncode == 0
+    held = tmp_path / "held"
+    with RunDir.create(held):
+        one_line_exit_2(cli("finetune", src, "--data", "digits", "--method", "head", "train.epochs=1", "--out", held),
+                        "in use")
+        one_line_exit_2(cli("vae", "train", "data.img_size=16", "train.epochs=1", "--out", held), "in use")
+        one_line_exit_2(cli("train", "--resume", held), "in use")
+    assert sorted(p.name for p in held.iterdir()) == [".lock"]  # nothing touched
+
+
+# ----------------------------------------------------------------------------------- resume
+def test_resume_applies_train_overrides_and_says_so(tmp_path):
+    run = tmp_path / "r"
+    assert cli("train", *TINY, "train.epochs=2", "--out", run).returncode == 0
+    res = cli("train", "--resume", run, "train.epochs=3", "train.lr=0.002")
+    assert res.returncode == 0, res.stderr
+    assert f"resuming {run} at epoch 2: train.epochs 2 -> 3, train.lr 0.001 -> 0.002" in res.stdout
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["train"]["epochs"] == 3 and cfg["train"]["lr"] == 0.002  # what the run actually used
+    assert epochs(run) == [1, 2, 3]
+    last = torch.load(run / "last.pt", weights_only=True)
+    assert last["config"]["train"]["lr"] == 0.002
+    assert last["optimizer"]["param_groups"][0]["initial_lr"] == 0.002  # the optimizer follows
+
+
+def test_resume_refuses_what_would_change_the_model(tmp_path):
+    run = tmp_path / "r"
+    assert cli("train", *TINY, "train.epochs=1", "--out", run).returncode == 0
+    before = (run / "config.yaml").read_text()
+    one_line_exit_2(cli("train", "--resume", run, "model.embed_dim=32", "train.seed=3"),
+                    "cannot change model.embed_dim, train.seed")
+    assert (run / "config.yaml").read_text() == before
+
+
+def test_follow_config_keeps_an_unchanged_schedule_and_moves_a_changed_one():
+    from recurvit.config import TrainConfig
+    from recurvit.train.optim import build_optimizer, build_scheduler, follow_config
+
+    model = torch.nn.Linear(4, 2)
+    tc = TrainConfig(epochs=4, lr=1e-3, warmup_epochs=1)
+    opt = build_optimizer(model, tc, torch.device("cpu"))
+    sched = build_scheduler(opt, tc, 10)
+    for _ in range(17):
+        opt.step()
+        sched.step()
+    lr = [g["lr"] for g in opt.param_groups]
+    follow_config(opt, sched, tc, 10)
+    assert [g["lr"] for g in opt.param_groups] == lr  # same config: bit-identical
+    new = TrainConfig(epochs=8, lr=5e-3, warmup_epochs=1, min_lr=1e-5, weight_decay=0.1)
+    follow_config(opt, sched, new, 10)
+    factor = build_scheduler(torch.optim.SGD(model.parameters(), lr=1.0), new, 10).lr_lambdas[0](17)
+    assert opt.param_groups[0]["lr"] == pytest.approx(5e-3 * factor)
+    assert opt.param_groups[0]["weight_decay"] == 0.1 and opt.param_groups[1]["weight_decay"] == 0.0
+
+
+def test_resume_without_a_checkpoint_starts_from_the_beginning_and_cleans_temp_files(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    config = cli("train", *TINY, "train.epochs=1", "--print-config")
+    (run / "config.yaml").write_text(config.stdout)  # written at the start of the killed run
+    (run / "metrics.jsonl").write_text("")
+    (run / ".last.pt.abc123.tmp").write_bytes(b"half a checkpoint")
+    res = cli("train", "--resume", run)
+    assert res.returncode == 0, res.stderr
+    assert "starting it from the beginning" in res.stdout
+    assert not list(run.glob(".*.tmp")) and epochs(run) == [1]
+
+
+def test_resume_of_a_finished_run_whose_metrics_were_deleted(tmp_path):
+    run = tmp_path / "r"
+    assert cli("train", *TINY, "train.epochs=1", "--out", run).returncode == 0
+    (run / "metrics.jsonl").unlink()
+    res = cli("train", "--resume", run, "--json")
+    assert res.returncode == 0, res.stderr
+    assert 0 < json.loads(res.stdout)["test_acc"] <= 1  # the last epoch's figures come from last.pt
+
+
+# -------------------------------------------------------------------- one line and exit 2
+@pytest.mark.parametrize("args,needle", [
+    (["--out", "/proc/recurvit-x"], "cannot create run directory"),
+    (["train.batch_size=1e20"], "train.batch_size"),
+    (["model.steps=100000"], "100,000 steps"),
+    (["model.embed_dim=30000", "model.num_heads=1"], "parameters"),
+])
+def test_user_mistakes_are_one_line(tmp_path, args, needle):
+    out = [] if "--out" in args else ["--out", tmp_path / "r"]
+    one_line_exit_2(cli("train", *TINY[:1] if "model.embed_dim" not in args[0] else [], *args, *out), needle)
+    assert not (tmp_path / "r").exists()  # no run directory left behind
+
+
+def test_out_pointing_at_a_file(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("mine")
+    one_line_exit_2(cli("train", *TINY, "--out", f), "is a file")
+    assert f.read_text() == "mine"
+
+
+def test_divergence_advises_a_smaller_clip(tmp_path):
+    res = cli("train", *TINY, "train.epochs=1", "train.lr=1e30", "train.grad_clip=0", "--out", tmp_path / "r")
+    one_line_exit_2(res, "diverged")
+    assert "smaller train.grad_clip" in res.stderr and "raise train.grad_clip" not in res.stderr
+
+
+def test_eval_refuses_a_step_count_far_beyond_the_machine(tmp_path):
+    run = tmp_path / "r"
+    assert cli("train", *TINY, "train.epochs=1", "--out", run).returncode == 0
+    one_line_exit_2(cli("eval", run, "--steps", 10 ** 12), "would take about")
+    one_line_exit_2(cli("horizon", run, "--max-steps", 10 ** 9), "would take about")
+
+
+# ---------------------------------------------------------------------------------- output
+def test_piped_output_is_one_line_per_epoch_and_no_progress_bar(tmp_path):
+    res = cli("train", *TINY, "train.epochs=3", "--out", tmp_path / "r")  # pipes, TQDM_DISABLE unset
+    assert res.returncode == 0, res.stderr
+    assert "\r" not in res.stdout + res.stderr and "it/s" not in res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert lines[0].startswith("model ") and lines[-1].startswith("run ")
+    assert [ln.split()[1] for ln in lines[1:-1]] == ["1/3", "2/3", "3/3"]
+
+
+def test_tqdm_disable_is_honoured_even_on_a_terminal(monkeypatch):
+    from recurvit.train import runtime
+
+    monkeypatch.setattr(runtime.sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    assert runtime.show_progress(True) and not runtime.show_progress(False)
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    assert not runtime.show_progress(True)
