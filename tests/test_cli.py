@@ -78,3 +78,11 @@ def test_console_entry_point_exit_code(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]
     assert "Traceback" not in r.stderr
+
+
+def test_flops_runs_on_the_default_device_and_counts_the_router(capsys):
+    assert main(["flops", "srvit_tiny", "img_size=32", "patch_size=4", "recursions=2", "router=query",
+                 "--no-memory", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["params_core"] == 12 * (192 * 192 + 2) and res["flops_core"] > 0
+    assert res["flops_analytic"] == res["flops_forward"]  # the closed form includes the router's matmuls

@@ -299,3 +299,33 @@ def test_registry_example_builds():
     m = create_model("bvit_tiny", core="ode", field="state_subtracted", method="rk4", steps=6, t_end=6.0)
     assert isinstance(m.core, ODECore) and m.core.name == "ode" and m.core.shares_blocks
     assert m.nominal_steps == 6 and m.core.step_size == 1.0 and len(m.blocks) == 1
+
+
+# ------------------------------------------------------------------ refinement at evaluation
+@pytest.mark.parametrize("method", ["euler", "midpoint", "rk4"])
+def test_refinement_converges_to_the_fine_solution(method):
+    """The same trained field solved with h/n over the same span approaches the exact flow as n
+    grows, at the method's order: refine=n is numerical refinement, not another model."""
+    b = _bvit()
+    x = _x(3)
+    fine = _ode(b, method="rk4", refine=64)
+    with torch.no_grad():
+        ref = fine.forward_steps(x)
+        errs = []
+        for n in (1, 2, 4):
+            m = _ode(b, method=method, refine=n)
+            errs.append((m.forward_steps(x) - ref).abs().max().item())
+            assert m.nfe == m.cfg.steps * solver_stages(method) * n
+    assert errs[0] > errs[1] > errs[2]
+    order = math.log2(errs[1] / errs[2])
+    assert order > {"euler": 0.7, "midpoint": 1.5, "rk4": 3.0}[method], errs
+
+
+def test_refine_keeps_the_grid_and_rejects_adaptive_methods():
+    b = _bvit()
+    m = _ode(b, method="euler", refine=4)
+    assert m.core.step_size == 1.0 and m.core.refine == 4  # same output grid t_k = k h
+    with pytest.raises(UserError, match="refine applies to fixed-step"):
+        create_model("bvit_tiny", core="ode", method="dopri5", refine=2, **KW)
+    with pytest.raises(UserError, match="refine does not apply"):
+        create_model("bvit_tiny", refine=2, **KW)  # a recurrent core has no solver to refine

@@ -226,3 +226,81 @@ def test_invalid_options_are_user_errors(bad):
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError):
         SoftMoRCore(ViTConfig.build({}, {"core": "softmor", **SMALL, **bad}))
+
+
+# --------------------------------------------------------------- query router, plain recursion
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("router", ["linear", "query"])
+@pytest.mark.parametrize("r", [1, 2, 4])
+def test_router_parameters_and_flops_match_their_closed_forms(layout, router, r):
+    from recurvit.models.cores.softmor import router_flops
+
+    kw = dict(recursions=r, layout=layout, router=router, **SMALL)
+    with torch.device("meta"):
+        sr, vit = create_model("srvit_tiny", **kw), create_model("vit_tiny", **SMALL)
+    U, D = (SMALL["depth"] if layout == "inplace" else 1), SMALL["embed_dim"]
+    per_unit = D * D if router == "query" else D
+    assert router_params(sr.cfg) == U * (per_unit + r)
+    assert count_params(sr)["params_stored"] - count_params(vit)["params_stored"] == U * (per_unit + r)
+    m = create_model("srvit_tiny", **kw)
+    if router == "query":
+        with torch.no_grad():
+            m.core.query.normal_()
+    counted = measure_flops(m, (1, 8, 8), train=False)["flops_forward"]
+    plain = measure_flops(create_model("srvit_tiny", recursions=r, layout=layout, mixture="last", **SMALL),
+                          (1, 8, 8), train=False)["flops_forward"]
+    assert counted - plain == router_flops(sr.cfg)  # the counter sees exactly the router's matmuls
+
+
+def test_srvit_small_r4_query_router_is_sized_like_the_paper():
+    with torch.device("meta"):  # 224 px, 16 px patches, 1000 classes: the SR-ViT-S of the paper
+        vit = create_model("vit_small")
+        sr = create_model("srvit_small", recursions=4, router="query")
+    extra = count_params(sr)["params_stored"] - count_params(vit)["params_stored"]
+    assert extra == router_params(sr.cfg) == 12 * (384 * 384 + 4)
+    assert 1.6e6 <= extra <= 1.8e6
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_query_router_starts_uniform_and_r1_is_the_vit(layout):
+    torch.manual_seed(0)
+    sr = create_model("srvit_tiny", recursions=3, layout=layout, router="query", **SMALL).eval()
+    x = _x()
+    with torch.no_grad():
+        sr(x)
+    for p in sr.core.last_weights:  # zero-initialised query and bias: every step weighs 1/r
+        torch.testing.assert_close(p, torch.full_like(p, 1 / 3))
+    torch.manual_seed(0)
+    one = create_model("srvit_tiny", recursions=1, layout=layout, router="query", **SMALL).eval()
+    vit = create_model("vit_tiny", **SMALL).eval()
+    vit.load_state_dict({k: v for k, v in one.state_dict().items() if not k.startswith("core.")})
+    with torch.no_grad():
+        one.core.query.normal_()
+        assert torch.equal(one(x), vit(x))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_plain_recursion_passes_the_last_step_on(layout):
+    torch.manual_seed(0)
+    last = create_model("srvit_tiny", recursions=3, layout=layout, mixture="last", **SMALL).eval()
+    assert not list(last.core.parameters())  # no router
+    x = _x()
+    z = last.embed(x)
+    with torch.no_grad():
+        if layout == "inplace":
+            for block in last.blocks:
+                for _ in range(3):
+                    z = block(z)
+        else:
+            for _ in range(3):
+                for block in last.blocks:
+                    z = block(z)
+        torch.testing.assert_close(last(x), last.forward_head(last.norm(z)), atol=1e-6, rtol=0)
+    torch.manual_seed(0)
+    one = create_model("srvit_tiny", recursions=1, layout=layout, mixture="last", **SMALL).eval()
+    vit = create_model("vit_tiny", **SMALL).eval()
+    vit.load_state_dict(one.state_dict())
+    with torch.no_grad():
+        assert torch.equal(one(x), vit(x))
+    with pytest.raises(UserError, match="router does not apply"):
+        create_model("srvit_tiny", recursions=2, mixture="last", router="query", **SMALL)

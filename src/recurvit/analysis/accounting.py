@@ -315,7 +315,11 @@ def account(model_name_or_model: Union[str, nn.Module], batch: int = 8, device: 
     return {
         "model": name,
         "core": cfg.core if cfg is not None else None,
+        "runs_as": cfg.core_cls.describe(cfg) if hasattr(cfg, "core_cls") else None,
         **{k: counts[k] for k in ("params", "params_stored", "params_effective", "param_bytes")},
+        # the core's own parts (step conditioning, routers, time embedding): parameters and matmul FLOPs
+        "params_core": sum(p.numel() for p in model.core.parameters()) if hasattr(model, "core") else None,
+        "flops_core": cfg.core_cls.own_flops(cfg, steps) if hasattr(cfg, "core_cls") else None,
         "flops_forward": flops["flops_forward"],
         "flops_train": flops["flops_train"],
         "flops_analytic": analytic,

@@ -31,8 +31,10 @@ def run(args) -> int:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
+    from ..train.runtime import pick_device
+
     try:
-        res = account(args.model, batch=args.batch_size, device=args.device, memory=not args.no_memory,
+        res = account(args.model, batch=args.batch_size, device=pick_device(args.device), memory=not args.no_memory,
                       run_steps=args.steps, **parse_overrides(args.overrides))
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -41,12 +43,14 @@ def run(args) -> int:
         return 0
     rows = [("params", fmt_int(res["params"])), ("params_stored", fmt_int(res["params_stored"])),
             ("params_effective", fmt_int(res.get("params_effective"))),
+            ("params_core (router, step cond.)", fmt_int(res.get("params_core"))),
             ("param_bytes", fmt_int(res["param_bytes"])),
             ("flops_forward / img", fmt_int(res["flops_forward"])), ("flops_train / img", fmt_int(res["flops_train"])),
-            ("flops_analytic", fmt_int(res.get("flops_analytic"))), ("nfe", fmt_int(res["nfe"])),
+            ("flops_analytic", fmt_int(res.get("flops_analytic"))), ("flops_core / img", fmt_int(res.get("flops_core"))),
+            ("nfe", fmt_int(res["nfe"])),
             (f"peak_train_bytes (batch {args.batch_size})", fmt_int(res["peak_train_bytes"])),
             ("steps", str(res.get("steps")))]
-    print(f"{res['model']} ({res.get('core')} core)")
+    print(f"{res['model']} ({res.get('runs_as') or res.get('core')})")
     for k, v in rows:
-        print(f"  {k:<28}{v:>18}")
+        print(f"  {k:<34}{v:>18}")
     return 0

@@ -36,8 +36,9 @@ bias per unit would cancel in the softmax; a common shift of b_u is still a free
   ``core.bias`` (units, r).
 
 Exact cost (units U = L for ``inplace``, 1 for ``cycle``): ``router_params`` = U (D + r) or
-U (D^2 + r); matmul FLOPs per image with T tokens (``router_flops``): linear 2 T D per scored step,
-query 2 T D^2 per unit run + 2 T D per scored step.
+U (D^2 + r); matmul FLOPs per image with T tokens (``router_flops``, torch's flop-counter
+convention): query 2 T D^2 per unit run; the scores (2 T D per scored step, dot products as cheap
+as a LayerNorm) are not counted, as norms and softmax are not.
 
 Every router parameter starts at ZERO, so an untrained router mixes the steps uniformly
 (p_i = 1 / r). They are plain Parameters: the ViT weight init (Linear / LayerNorm modules only)
@@ -135,16 +136,17 @@ def router_params(cfg) -> int:
 
 
 def router_flops(cfg, steps: Optional[int] = None, tokens: Optional[int] = None) -> int:
-    """Matmul FLOPs per image of the router in a forward of ``steps`` steps (closed form)."""
+    """Matmul FLOPs per image of the router in a forward of ``steps`` steps, in the convention of
+    torch's flop counter (matrix products only): the query router's projection, 2 T D^2 per unit
+    run. The scores themselves are one dot product per token and step (2 T D per scored step, as
+    cheap as a LayerNorm), which the counter does not count, like norms and softmax."""
     o = cfg.options
-    if o.mixture == "last":
+    if o.mixture == "last" or o.router != "query":
         return 0
     k = cfg.steps if steps is None else int(steps)
     T = tokens if tokens is not None else cfg.num_patches + (1 if cfg.class_token else 0)
-    D = cfg.embed_dim
-    units_run, scored = (k, k * o.recursions) if o.layout == "inplace" else (1, k)
-    query = units_run * 2 * T * D * D if o.router == "query" else 0
-    return query + scored * 2 * T * D
+    units_run = k if o.layout == "inplace" else 1
+    return units_run * 2 * T * cfg.embed_dim ** 2
 
 
 class SoftMoRCore(Core):
