@@ -90,3 +90,74 @@ def test_mixture_command_on_a_softmor_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(["mixture", str(bvit)]) == 2
     assert "cores that mix steps" in capsys.readouterr().err
+
+
+FRONTIER = """
+name: tiny-frontier
+base: base.yaml
+overrides: {model.steps: 2}
+grid:
+  regime:
+    naive: {}
+    ds2: {train.supervision.stages: 2}
+  train.seed: [0, 1]
+eval:
+  max_steps_factor: 16
+  variants:
+    as_ode: {method: rk4}
+report:
+  frontier: true
+  compare: [[naive, ds2]]
+results: res
+"""
+
+
+def test_frontier_16t_columns_intervals_and_reevaluation(tmp_path):
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "f.yaml").write_text(FRONTIER)
+    study = load_study(tmp_path / "f.yaml")
+    out = tmp_path / "runs"
+    rows = run_study(study, out, progress=False, log=lambda *a: None)
+    assert all("error" not in r for r in rows) and len(rows) == 4
+    r = rows[0]
+    assert len(r["horizon_accuracy"]) == 32 and r["acc_16T"] == r["horizon_accuracy"][31]
+    assert r["acc_8T"] == r["horizon_accuracy"][15] and r["chance"] == pytest.approx(0.1)
+    assert r["variants"] == {"as_ode": None}  # a recurrent core has no solver: not applicable
+    report = write_report(rows, study, study.results).read_text()
+    assert "acc@8T" in report and "acc@16T" in report and "chance level 10.0%" in report
+    assert "95% t-interval" in report and "naive − ds2" in report and "Cost:" in report
+    for png in ("frontier.png", "acc_vs_epoch.png", "acc_vs_steps.png"):
+        assert (study.results / png).stat().st_size > 1000
+    with open(study.results / "results.csv") as f:
+        assert {"acc_8T", "acc_16T", "chance"} <= set(next(csv.DictReader(f)))
+    # a study that asks for more evaluation re-evaluates finished runs without training them again
+    mtime = (out / "runs" / "naive__seed=0" / "last.pt").stat().st_mtime
+    (tmp_path / "f.yaml").write_text(FRONTIER.replace("max_steps_factor: 16", "max_steps_factor: 4"))
+    rows = run_study(load_study(tmp_path / "f.yaml"), out, progress=False, log=lambda *a: None)
+    assert len(rows[0]["horizon_accuracy"]) == 8 and rows[0]["acc_16T"] is None
+    assert (out / "runs" / "naive__seed=0" / "last.pt").stat().st_mtime == mtime
+
+
+def test_a_study_that_changed_a_run_is_refused(tmp_path):
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "f.yaml").write_text(FRONTIER.replace("train.seed: [0, 1]", "train.seed: [0]"))
+    out = tmp_path / "runs"
+    run_study(load_study(tmp_path / "f.yaml"), out, progress=False, log=lambda *a: None)
+    (tmp_path / "f.yaml").write_text(FRONTIER.replace("train.seed: [0, 1]", "train.seed: [0]")
+                                     .replace("{model.steps: 2}", "{model.steps: 3}"))
+    with pytest.raises(UserError, match="other settings"):
+        run_study(load_study(tmp_path / "f.yaml"), out, progress=False, log=lambda *a: None)
+
+
+def test_welch_and_intervals_match_scipy():
+    from scipy import stats
+
+    from recurvit.study.stats import mean_ci, welch
+
+    a, b = [0.80, 0.82, 0.81], [0.76, 0.79, 0.75]
+    ci = mean_ci(a)
+    lo, hi = stats.t.interval(0.95, 2, loc=sum(a) / 3, scale=stats.sem(a))
+    assert ci["ci"] == pytest.approx((hi - lo) / 2)
+    w = welch(a, b)
+    assert w["p"] == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    assert w["lo"] < w["diff"] < w["hi"] and w["diff"] == pytest.approx(0.81 - 0.7666666, abs=1e-6)

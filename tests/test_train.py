@@ -107,3 +107,74 @@ def test_depth_sampler_schedules():
     assert ks.min() >= 1 and abs(ks.mean().item() - 6) < 0.5
     capped = DepthSampler(DepthConfig(schedule="uniform"), 6, g, cap=6)
     assert max(capped() for _ in range(200)) == 6
+
+
+# --------------------------------------------- deep supervision and random depth through the loop
+def _epoch_with_spy(*overrides, batches=3):
+    """One train_one_epoch on a few digits batches, recording every forward the loop makes."""
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from recurvit.train.loop import train_one_epoch
+    from recurvit.train.optim import build_optimizer, build_scheduler
+
+    cfg = _cfg("model.img_size=8", "model.in_chans=1", "model.num_classes=10", "train.weight_decay=0",
+               *overrides)
+    torch.manual_seed(0)
+    model = ckpt_io.build_model_from_config(cfg)
+    x, y = torch.randn(batches * 16, 1, 8, 8), torch.randint(0, 10, (batches * 16,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=16)
+    opt = build_optimizer(model, cfg.train, torch.device("cpu"))
+    sched = build_scheduler(opt, cfg.train, len(loader))
+    calls = []
+
+    def spy(xb, steps=None, at=None, grad_last=None):
+        out = model.forward_steps(xb, steps=steps, at=at, grad_last=grad_last)
+        calls.append({"steps": steps, "at": at, "grad_last": grad_last, "nfe": model.nfe, "logits": out.detach()})
+        return out
+
+    depth = DepthSampler(cfg.train.depth, model.nominal_steps, cap=model.core.limit)
+    m = train_one_epoch(model, loader, opt, sched, torch.device("cpu"), cfg, depth, forward=spy)
+    for c, (_, yb) in zip(calls, DataLoader(TensorDataset(x, y), batch_size=16)):
+        c["ce"] = [F.cross_entropy(lg, yb).item() for lg in c["logits"]]
+    return model, calls, m
+
+
+def test_deep_supervision_reads_out_every_stage_and_weighs_them():
+    _, calls, m = _epoch_with_spy("train.supervision.stages=2", "train.supervision.weights=linear")
+    assert all(c["at"] == [2, 4] for c in calls)  # T = 4, two stages: readouts after steps 2 and 4
+    # the loss is the weighted sum over the stages (linear: 1/3, 2/3), not the last readout alone
+    expect = sum(c["ce"][0] / 3 + 2 * c["ce"][1] / 3 for c in calls) / len(calls)
+    assert m["train_loss"] == pytest.approx(expect, rel=1e-5)
+    last_only = sum(c["ce"][1] for c in calls) / len(calls)
+    assert m["train_loss"] != pytest.approx(last_only, rel=1e-5)
+    assert len(m["train_stage_losses"]) == 2
+
+
+def test_per_stage_heads_each_get_their_stage_gradient():
+    model, calls, _ = _epoch_with_spy("train.supervision.stages=4", "train.supervision.weights=uniform",
+                                      "train.supervision.per_stage_heads=true", "model.stage_heads=4", batches=1)
+    assert calls[0]["at"] == [1, 2, 3, 4] and len(model.stage_heads) == 3
+    for head in [*model.stage_heads, model.head]:  # a stage the loss ignored would leave its head without
+        assert head.weight.grad is not None and head.weight.grad.abs().sum() > 0
+    model, _, _ = _epoch_with_spy("train.supervision.stages=4", "train.supervision.weights=last",
+                                  "train.supervision.per_stage_heads=true", "model.stage_heads=4", batches=1)
+    assert all(h.weight.grad.abs().sum() == 0 for h in model.stage_heads)  # weights=last: only the last counts
+
+
+def test_random_depth_runs_the_sampled_depth_and_truncates_backprop():
+    torch.manual_seed(1)
+    _, calls, _ = _epoch_with_spy("train.depth.schedule=uniform", "train.depth.min_steps=1",
+                                  "train.depth.max_steps=7", "train.depth.truncate=2", batches=8)
+    steps = [c["steps"] for c in calls]
+    assert len(set(steps)) > 1 and all(1 <= k <= 7 for k in steps)  # a depth sampled per batch
+    assert all(c["nfe"] == c["steps"] and c["at"] == [c["steps"]] for c in calls)  # ...and actually run
+    assert all(c["grad_last"] == 2 for c in calls)
+
+
+def test_truncation_changes_the_gradient_of_the_shared_block():
+    grads = []
+    for trunc in (0, 1):
+        model, _, _ = _epoch_with_spy(f"train.depth.truncate={trunc}", batches=1)
+        grads.append(model.blocks[0].mlp.fc1.weight.grad.clone())
+    assert not torch.allclose(grads[0], grads[1])  # only the last step's graph: another gradient
