@@ -258,3 +258,16 @@ def test_experiment_script_end_to_end(tiny_runs, tmp_path, monkeypatch, capsys):
     assert "| ds3 | kl |" in report and "| vit_ds6_heads | max_prob |" in report and "± " in report
     assert "recurvit exit" in report and "random_depth" in report  # missing runs are named
     assert (out / "exit.png").stat().st_size > 1000
+
+
+def test_forward_adaptive_is_a_model_method():
+    from recurvit import create_model
+
+    torch.manual_seed(0)
+    m = create_model("bvit_tiny", img_size=8, patch_size=2, in_chans=1, num_classes=10, embed_dim=32, num_heads=2,
+                     steps=4).eval()
+    x = torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        logits, steps = m.forward_adaptive(x, criterion="max_prob", threshold=0.0, max_steps=6)
+        assert steps.tolist() == [1] * 5  # a threshold every image meets at once
+        torch.testing.assert_close(logits, m(x, steps=1))

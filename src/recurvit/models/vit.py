@@ -193,6 +193,16 @@ class VisionTransformer(TimmContract, nn.Module):
         steps = self.core.check_steps(steps)
         return self.forward_head(self.forward_features(x, steps), step=steps)
 
+    def forward_adaptive(self, x: torch.Tensor, criterion: str = "kl", threshold: Optional[float] = 1e-3,
+                         max_steps: Optional[int] = None, min_steps: int = 1, compact: bool = True):
+        """Each image stops when ``criterion`` (kl | entropy | max_prob | state) meets ``threshold``:
+        returns (logits (B, classes), steps used (B,)); exited images leave the batch (``compact``).
+        See :func:`recurvit.models.adaptive.forward_adaptive`."""
+        from .adaptive import forward_adaptive
+
+        return forward_adaptive(self, x, criterion=criterion, threshold=threshold, max_steps=max_steps,
+                                min_steps=min_steps, compact=compact)
+
     def forward_steps(self, x: torch.Tensor, steps: Optional[int] = None, at: Optional[Sequence[int]] = None,
                       grad_last: Optional[int] = None) -> torch.Tensor:
         """Logits read out after every step (or after the 1-based steps in ``at``), in ONE pass.
