@@ -93,8 +93,13 @@ def run(args) -> int:
     log = (lambda *a, **k: None) if args.json else print
     if args.report_only:
         rows = collect(out, study)
+        saved = (study.results or out) / "results.csv"
+        if not rows and saved.is_file():  # the runs are gone (another machine): rebuild from the table
+            from ..study.report import rows_from_csv
+
+            rows = rows_from_csv(saved, study)
         if not rows:
-            raise UserError(f"no finished runs in {out}; run the study first")
+            raise UserError(f"no finished runs in {out} and no {saved}; run the study first")
     elif args.launcher == "submitit":
         from ..study.launch import run_study_submitit
 

@@ -41,6 +41,30 @@ def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> N
             w.writerow({k: (f"{flat[k]:.6g}" if isinstance(flat.get(k), float) else flat.get(k)) for k in keys})
 
 
+def rows_from_csv(path: Path, study: Study) -> List[Dict[str, Any]]:
+    """Rows of a results.csv written earlier (when the run directories are gone): numbers parsed,
+    what the CSV does not hold (per-step curves) left out."""
+    from ..models.cores import core_class
+
+    def num(v: str) -> Any:
+        if v == "":
+            return None
+        for cast in (int, float):
+            try:
+                return cast(v)
+            except ValueError:
+                pass
+        return v
+
+    with open(path, newline="") as f:
+        rows = [{k: (v if k in ("run_id", *dict(study.axes)) else num(v)) for k, v in r.items()}
+                for r in csv.DictReader(f)]
+    for r in rows:
+        if r.get("core") and "shares_blocks" not in r and study.task == "classify":
+            r["shares_blocks"] = core_class(r["core"]).shares_blocks
+    return rows
+
+
 def cells(rows: List[Dict[str, Any]], study: Study) -> List[Dict[str, Any]]:
     """Rows grouped over every grid axis except the seed: statistics of each figure."""
     axes = study.cell_axes()
@@ -59,7 +83,7 @@ def cells(rows: List[Dict[str, Any]], study: Study) -> List[Dict[str, Any]]:
         first = min(rs, key=lambda r: (r.get("seed") is None, r.get("seed")))
         c["curve"] = first.get("test_acc_curve" if study.task == "classify" else "test_psnr_curve")
         if study.task == "classify":
-            K = min(len(r["horizon_accuracy"]) for r in rs)
+            K = min(len(r.get("horizon_accuracy") or []) for r in rs)
             c["horizon"] = [sum(r["horizon_accuracy"][i] for r in rs) / len(rs) for i in range(K)]
             names = sorted({k for r in rs for k, v in (r.get("variants") or {}).items() if v})
             c["variants"] = {k: mean_ci([(r.get("variants") or {}).get(k, {}).get("acc_T") for r in rs])
@@ -95,7 +119,7 @@ def classify_tables(cs: List[Dict[str, Any]], study: Study) -> List[str]:
         ["Δ last 20% epochs", "train s"]
     body = [[str(c[a]) for a in axes] + [
         c["model"], f"{c['params_stored']:,}", f"{c['flops_forward'] / 1e6:.2f}", str(c["nfe"]), str(c["steps"]),
-        str(c["epochs"])] + [fmt_ci(c[k]) for k in acc] + [_plateau(c["curve"]), f"{c['train_seconds']['mean']:.0f}"]
+        str(c["epochs"] or "-")] + [fmt_ci(c[k]) for k in acc] + [_plateau(c["curve"]), f"{c['train_seconds']['mean']:.0f}"]
         for c in cs]
     lines = _table(head, body) + [""]
     names = sorted({k for c in cs for k in c["variants"]})
@@ -160,9 +184,10 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
         lines += ["Command:", "", "```", command, "```", ""]
     lines += [_cost(rows), ""]
     if study.task == "classify":
-        chance = rows[0]["chance"] if rows else math.nan
+        chance = (rows[0].get("chance") or math.nan) if rows else math.nan
+        level = f"chance level {100 * chance:.1f}%" if not math.isnan(chance) else "chance level not recorded"
         lines += [f"{len(rows)} runs; seeds {seeds}; accuracy in % as mean ± half-width of the 95% t-interval over "
-                  f"seeds; chance level {100 * chance:.1f}%. T = trained steps; acc@kT = test accuracy when run for "
+                  f"seeds; {level}. T = trained steps; acc@kT = test accuracy when run for "
                   "k x T steps (ODE: k x the trained time span); mean T..4T = mean accuracy over every step from T "
                   "to 4T; Δ last 20% epochs = change of the first seed's test accuracy over its last 20% of epochs "
                   "(a plateau is near 0).", ""]
@@ -187,8 +212,11 @@ def _plots(cs, study: Study, out_dir: Path, chance: float) -> List[Tuple[str, st
     if study.task == "vae":
         return [plots.psnr_vs_params(cs, out_dir, study.name),
                 plots.epochs(cs, out_dir, study.name, ylabel="test PSNR (dB)")]
-    made = plots.cost_fronts(cs, out_dir, study.name) + [plots.horizon(cs, out_dir, study.name, chance),
-                                                         plots.epochs(cs, out_dir, study.name)]
+    made = plots.cost_fronts(cs, out_dir, study.name)
+    if any(len(c["horizon"]) > 1 for c in cs):
+        made.append(plots.horizon(cs, out_dir, study.name, chance))
+    if any(c["curve"] for c in cs):
+        made.append(plots.epochs(cs, out_dir, study.name))
     if study.frontier:
         made.append(plots.frontier(cs, out_dir, study.name, chance))
     return made
