@@ -1,15 +1,17 @@
-"""Anytime inference on the converged Fashion-MNIST study (issue 15): each run kind x exit criterion.
+"""Anytime inference on Fashion-MNIST (issue 15): each run kind x exit criterion.
 
-    recurvit study studies/fashion_converged.yaml --workers 2     # the runs (first)
+    recurvit study studies/fashion_anytime.yaml --workers 2       # the runs (first): 10% of the training
+                                                                   # split held out for calibration
     python experiments/anytime.py                                  # then this (reuses finished cells)
+    python experiments/anytime.py --max-steps 12 --out results/anytime_beyond   # hard images past T
     python experiments/anytime.py --kinds ds3 naive --seeds 0 1 2 --criteria kl state
 
 For each run ``<runs>/<kind>__seed=<s>`` and each criterion it runs, in this process,
 
     recurvit exit RUN --criterion C --out results/anytime/runs/<kind>__seed=<s>/<C> [--max-steps K] ...
 
-which calibrates the threshold on 10% of the training split (seeded, no augmentation; the runs
-trained on the whole split, so these images were seen in training), then measures it once on the
+which calibrates the threshold on the run's held-out 10% of the training split (seeded, no
+augmentation, never trained on: ``data.holdout=0.1``), then measures it once on the
 test split: accuracy against fixed depth T, steps per image, and images/s against fixed T
 (alternating batches in the same process, medians). A cell whose exit.json exists is reused
 (``--force`` reruns it). Writes ``results/anytime/report.md`` (means over seeds with 95% t-intervals)
@@ -40,7 +42,7 @@ def parse(argv):
     from recurvit.models.adaptive import CRITERIA
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=Path, default=ROOT / "runs/studies/fashion-converged/runs")
+    ap.add_argument("--runs", type=Path, default=ROOT / "runs/studies/fashion-anytime/runs")
     ap.add_argument("--kinds", nargs="+", default=list(KINDS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--criteria", nargs="+", default=list(CRITERIA), choices=CRITERIA)
@@ -165,9 +167,11 @@ def main(argv=None) -> int:
          f"{' '.join(argv if argv is not None else sys.argv[1:])}`."),
         "",
         "Each cell is `recurvit exit RUN --criterion C --target-drop "
-        f"{args.target_drop:g} --batch-size {args.batch_size}` (threshold calibrated on 10% of the training split, "
-        "seeded, without augmentation, for the fewest mean steps within the target drop of fixed T there; the runs "
-        "trained on the whole training split, so the calibration images were seen in training). The test split is "
+        f"{args.target_drop:g} --batch-size {args.batch_size}"
+        f"{f' --max-steps {args.max_steps}' if args.max_steps else ''}` (threshold calibrated on "
+        f"{any_res.get('calibration_fraction', 0.1):.0%} of the training split, seeded, without augmentation, "
+        f"{any_res.get('calibration_images', 'seen in training')}, for the fewest mean steps within the target drop "
+        "of fixed T there). The test split is "
         "evaluated once at that threshold with exited images leaving the batch. Speedup: images/s of the adaptive "
         "forward over fixed depth T, alternating batches in the same process, medians of per-batch times "
         f"({any_res['device']}, {any_res['threads']} threads, batch {any_res['batch_size']}). Means over seeds "

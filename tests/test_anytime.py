@@ -271,3 +271,17 @@ def test_forward_adaptive_is_a_model_method():
         logits, steps = m.forward_adaptive(x, criterion="max_prob", threshold=0.0, max_steps=6)
         assert steps.tolist() == [1] * 5  # a threshold every image meets at once
         torch.testing.assert_close(logits, m(x, steps=1))
+
+
+def test_holdout_keeps_calibration_images_out_of_training():
+    from recurvit.config import DataConfig
+    from recurvit.data import build_datasets
+    from recurvit.data.calibration import holdout_indices, holdout_split
+
+    full, test, _ = build_datasets(DataConfig(name="digits"))
+    train, _, _ = build_datasets(DataConfig(name="digits", holdout=0.1))
+    kept, held = holdout_indices(len(full), 0.1)
+    assert len(train) == len(kept) == len(full) - len(held) and len(held) == round(0.1 * len(full))
+    assert set(kept).isdisjoint(held) and train.indices == kept  # training never sees a held-out image
+    calib = holdout_split(full, test, 0.1)
+    assert calib.indices == held and calib.dataset.transform is test.transform  # no augmentation

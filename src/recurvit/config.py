@@ -56,6 +56,7 @@ class DataConfig:
     # imagefolder: False: an unreadable image stops the run with its path; True: images PIL cannot open
     # or verify are left out when the data set is built (the count is reported)
     skip_bad_images: bool = False
+    holdout: float = 0.0  # fraction of the training split kept out of training (seeded): calibration data
     # synthetic data set (tests and benchmarks)
     synthetic_train: int = 256
     synthetic_test: int = 64

@@ -65,7 +65,9 @@ def run(args) -> int:
 
     from ..analysis import anytime as A
     from ..data import build_datasets
-    from ..data.calibration import CALIBRATION_FRACTION, calibration_split
+    from dataclasses import replace
+
+    from ..data.calibration import CALIBRATION_FRACTION, calibration_split, holdout_split
     from ..errors import UserError
     from ..models.adaptive import has_step_readouts, plan_steps
     from ..train.checkpoint import load_model_and_config
@@ -88,9 +90,12 @@ def run(args) -> int:
     device = pick_device(args.device)
     model.to(device)
     amp = cfg.train.amp
-    train_set, test_set, _ = build_datasets(cfg.data)
+    train_set, test_set, _ = build_datasets(replace(cfg.data, holdout=0.0))  # the whole training split
     kw = dict(batch_size=args.batch_size, shuffle=False, num_workers=cfg.data.num_workers)
-    calib_loader = DataLoader(calibration_split(train_set, test_set), **kw)
+    held_out = cfg.data.holdout > 0  # the run never trained on these: an honest calibration split
+    calib_set = (holdout_split(train_set, test_set, cfg.data.holdout) if held_out
+                 else calibration_split(train_set, test_set))
+    calib_loader = DataLoader(calib_set, **kw)
     test_loader = DataLoader(test_set, **kw)
 
     cal = A.calibrate(model, calib_loader, device, args.criterion, K, m, args.target_drop, args.step_budget, amp,
@@ -123,7 +128,8 @@ def run(args) -> int:
     summary = {"run": str(args.run), "model": cfg.model.name, "core": model.cfg.core,
                "runs_as": model.cfg.core_cls.describe(model.cfg), "criterion": args.criterion, "trained_steps": T,
                "max_steps": K, "min_steps": m, "batch_size": args.batch_size,
-               "calibration_fraction": CALIBRATION_FRACTION, **calib, "test": test, "fixed_accuracy": fixed,
+               "calibration_fraction": cfg.data.holdout if held_out else CALIBRATION_FRACTION,
+               "calibration_images": "held out from training" if held_out else "seen in training", **calib, "test": test, "fixed_accuracy": fixed,
                "device": str(device), "threads": torch.get_num_threads(),
                "csv": str(out_dir / "exit.csv"), "png": str(out_dir / "exit.png"), "note": note}
     with open(out_dir / "exit.json", "w") as f:  # what --json prints, for reports (experiments/anytime.py)

@@ -348,6 +348,12 @@ def build_datasets(
     (printed on stderr when logging is not configured).
     """
     train, test, info = _build(cfg)
+    if cfg.holdout:  # train on the rest; the held-out part is data.calibration.holdout_split's
+        from torch.utils.data import Subset
+
+        from .calibration import holdout_indices
+
+        train = Subset(train, holdout_indices(len(train), cfg.holdout)[0])
     for note in info.notes:
         (log or logger.warning)(note)
     return train, test, info
