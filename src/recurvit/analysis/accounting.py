@@ -28,12 +28,11 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..models.vit import ViTConfig
+from .passes import InputShape, backward_into_params, in_mode, model_device_dtype, probe_loss, run_forward
 
-InputShape = Tuple[int, int, int]  # (C, H, W) of one image
 
 _aten = torch.ops.aten
 
@@ -148,41 +147,6 @@ def flop_counter() -> FlopCounterMode:
     return FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
 
 
-def _model_device_dtype(model: nn.Module) -> Tuple[torch.device, torch.dtype]:
-    for p in model.parameters():
-        if p.is_floating_point():
-            return p.device, p.dtype
-    return torch.device("cpu"), torch.float32
-
-
-def _forward(model: nn.Module, x: torch.Tensor, steps: Optional[int]) -> torch.Tensor:
-    return model(x) if steps is None else model(x, steps=steps)
-
-
-def _loss(out: torch.Tensor) -> torch.Tensor:
-    """Cross entropy for logits (B, classes); a mean square for any other output."""
-    if out.dim() == 2:
-        return F.cross_entropy(out.float(), torch.zeros(out.shape[0], dtype=torch.long, device=out.device))
-    return out.float().square().mean()
-
-
-def _grads(model: nn.Module, loss: torch.Tensor) -> None:
-    """Backward into every trainable parameter without touching ``.grad`` (no side effects)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if params and loss.requires_grad:
-        torch.autograd.grad(loss, params, allow_unused=True)
-
-
-@contextmanager
-def _mode(model: nn.Module, training: bool) -> Iterator[None]:
-    was = model.training
-    model.train(training)
-    try:
-        yield
-    finally:
-        model.train(was)
-
-
 @contextmanager
 def _count_calls(modules: Optional[nn.ModuleList]) -> Iterator[List[int]]:
     """Counts the calls of each module in ``modules`` while the context is open."""
@@ -215,19 +179,19 @@ def measure_flops(model: nn.Module, input_shape: InputShape, steps: Optional[int
     ``nfe`` (``model.core.nfe`` after the forward, or None) and ``block_uses`` (calls of each of
     ``model.blocks`` in the forward, or None). The model's train/eval mode is left as it was.
     """
-    device, dtype = _model_device_dtype(model)
+    device, dtype = model_device_dtype(model)
     x = torch.randn(batch, *input_shape, device=device, dtype=dtype)
     blocks = _blocks(model)
 
-    with _mode(model, False), torch.no_grad(), _count_calls(blocks) as calls, flop_counter() as fwd:
-        _forward(model, x, steps)
+    with in_mode(model, False), torch.no_grad(), _count_calls(blocks) as calls, flop_counter() as fwd:
+        run_forward(model, x, steps)
     core = getattr(model, "core", None)
     nfe = getattr(core, "nfe", None)
 
     flops_train: Optional[int] = None
     if train and any(p.requires_grad for p in model.parameters()):
-        with _mode(model, True), flop_counter() as train:
-            _grads(model, _loss(_forward(model, x, steps)))
+        with in_mode(model, True), flop_counter() as train:
+            backward_into_params(model, probe_loss(run_forward(model, x, steps)))
         flops_train = _per_image(train.get_total_flops(), batch)
 
     by_op = {str(op).replace("aten.", ""): _per_image(n, batch)

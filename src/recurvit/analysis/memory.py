@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 
-from .accounting import InputShape, _forward, _grads, _loss, _mode, _model_device_dtype
+from .passes import InputShape, backward_into_params, in_mode, model_device_dtype, probe_loss, run_forward
 
 
 def saved_tensor_bytes(model: nn.Module, batch: int, input_shape: InputShape,
@@ -24,7 +24,7 @@ def saved_tensor_bytes(model: nn.Module, batch: int, input_shape: InputShape,
     checkpointing only each region's saved input is seen, which is what it keeps. Works on any
     device.
     """
-    device, dtype = _model_device_dtype(model)
+    device, dtype = model_device_dtype(model)
     x = torch.randn(batch, *input_shape, device=device, dtype=dtype)
     excluded = {_storage_key_ptr(t) for t in [*model.parameters(), *model.buffers(), x]}
     storages: Dict[Tuple[str, int], int] = {}
@@ -37,8 +37,8 @@ def saved_tensor_bytes(model: nn.Module, batch: int, input_shape: InputShape,
             keep.append(t)
         return t
 
-    with _mode(model, True), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = _forward(model, x, steps)
+    with in_mode(model, True), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run_forward(model, x, steps)
     del out
     return sum(storages.values())
 
@@ -67,13 +67,13 @@ def peak_train_memory(model: nn.Module, batch: int, input_shape: InputShape,
     model.to(device)
     if device.type != "cuda":
         return saved_tensor_bytes(model, batch, input_shape, steps)
-    _, dtype = _model_device_dtype(model)
+    _, dtype = model_device_dtype(model)
     x = torch.randn(batch, *input_shape, device=device, dtype=dtype)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
-    with _mode(model, True):
-        _grads(model, _loss(_forward(model, x, steps)))
+    with in_mode(model, True):
+        backward_into_params(model, probe_loss(run_forward(model, x, steps)))
     torch.cuda.synchronize(device)
     return torch.cuda.max_memory_allocated(device) - before
 

@@ -5,15 +5,14 @@ Gaussian posterior, and the output head. The execution graph is described in
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
 from .loopvae_core import LoopCore
 
-if TYPE_CHECKING:  # annotations only: loopvae.py imports this module
-    from .loopvae import LoopVAEConfig
+from .loopvae_config import LoopVAEConfig
 
 UpdateScale = Mapping[Tuple[str, int, int], float]
 

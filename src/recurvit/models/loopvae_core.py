@@ -13,7 +13,7 @@ loop entry (``l -> min(l, loops[s] - 1)``), so a model runs for any number of lo
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -21,8 +21,7 @@ import torch.nn.functional as F
 
 from ..layers import Block
 
-if TYPE_CHECKING:  # annotations only: loopvae.py imports this module
-    from .loopvae import LoopVAEConfig
+from .loopvae_config import LoopVAEConfig
 
 
 # ------------------------------------------------------------------------------ conditioning
