@@ -70,7 +70,7 @@ def test_existing_run_dir_is_kept(run_dir, capsys):
     before = sorted(p.name for p in run_dir.iterdir())
     _fails(capsys, ["train", *FAST, "--out", str(run_dir)], "already exists")
     assert sorted(p.name for p in run_dir.iterdir()) == before
-    _fails(capsys, ["train", "--resume", str(run_dir / "nope")], "config.yaml not found")
+    _fails(capsys, ["train", "--resume", str(run_dir / "nope")], "is not a run directory")
 
 
 def test_console_entry_point_exit_code(tmp_path):
