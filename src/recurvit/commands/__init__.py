@@ -29,6 +29,12 @@ def add_device_arg(p) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda or cuda:N")
 
 
+def add_force_arg(p) -> None:
+    """``--force``: run even when the time / memory estimate (train/budget.py) says it will not fit."""
+    p.add_argument("--force", action="store_true", help="run even when the time or memory estimate is far beyond "
+                                                       "this machine")
+
+
 def fmt_int(n) -> str:
     return "-" if n is None else f"{n:,}"
 

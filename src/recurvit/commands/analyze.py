@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import add_device_arg, print_json
+from . import add_device_arg, add_force_arg, print_json
 
 
 def add_parser(sub):
@@ -26,8 +26,7 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, help="output directory (default RUN_DIR/analysis)")
     p.add_argument("--data-root", help="override data.root (data moved since training)")
     add_device_arg(p)
-    p.add_argument("--force", action="store_true", help="run even when the time or memory estimate is far beyond "
-                                                       "this machine")
+    add_force_arg(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import add_device_arg, parse_overrides, print_json
+from . import add_device_arg, add_force_arg, parse_overrides, print_json
 
 
 def add_parser(sub):
@@ -16,8 +16,7 @@ def add_parser(sub):
                    help="core options to evaluate with (ODE: method, refine, rtol, atol); others are an error")
     p.add_argument("--steps", type=int, help="steps to run (default: the trained depth)")
     p.add_argument("--data-root", help="where the run's data set lives now (overrides data.root)")
-    p.add_argument("--force", action="store_true", help="run even when the time or memory estimate is far beyond "
-                                                       "this machine")
+    add_force_arg(p)
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import add_device_arg, print_json
+from . import add_device_arg, add_force_arg, print_json
 
 
 def add_parser(sub):
@@ -15,8 +15,7 @@ def add_parser(sub):
     p.add_argument("--max-steps", type=int, metavar="K",
                    help="steps to sweep (default 16T; a stack or SoftMoR model stops at its depth)")
     p.add_argument("--out", type=Path, help="directory for horizon.csv / horizon.png (default: the run directory)")
-    p.add_argument("--force", action="store_true", help="run even when the time or memory estimate is far beyond "
-                                                       "this machine")
+    add_force_arg(p)
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="print the summary and the sweep as JSON")
     return p

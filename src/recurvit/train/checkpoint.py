@@ -10,7 +10,7 @@ import pickle
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import IO, Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -21,13 +21,14 @@ from ..errors import UserError
 FORMAT = "recurvit-checkpoint-v1"
 
 
-def save_atomic(obj: Any, path: str | Path) -> None:
-    """torch.save to a temp file in the same directory, then rename: a crash never leaves half a file."""
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """``write(f)`` into a temp file in the same directory, fsync, then rename over ``path``: a crash
+    never leaves half a file (a leftover ``.NAME.XXXX.tmp`` is removed by the next RunDir.resume)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -35,6 +36,11 @@ def save_atomic(obj: Any, path: str | Path) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def save_atomic(obj: Any, path: str | Path) -> None:
+    """torch.save, atomically (see :func:`atomic_write`)."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def resolve_checkpoint(path: str | Path, prefer: str = "best.pt") -> Path:

@@ -16,7 +16,6 @@ the valid range [-1, 1], before clamping), and ``delta_psnr`` against the traine
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
@@ -24,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from .evaluate import evaluate_vae
+from .. import tables
 
 COLUMNS = ["kind", "side", "scale", "loop", "factor", "enc_loops", "dec_loops", "block_applications",
            "psnr", "ssim", "out_of_range", "delta_psnr"]
@@ -76,13 +76,7 @@ def run_interventions(model: nn.Module, loader: Iterable, device: torch.device, 
 
 
 def write_csv(rows: List[Dict[str, Any]], path: str | Path) -> Path:
-    path = Path(path)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    return path
+    return tables.write_csv(rows, path, COLUMNS)
 
 
 def plot(rows: List[Dict[str, Any]], path: str | Path, title: str = "") -> Path:

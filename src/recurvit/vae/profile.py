@@ -18,7 +18,6 @@ backward and an SGD update) per image.
 """
 from __future__ import annotations
 
-import csv
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from ..analysis.accounting import count_params, measure_flops
 from .config import VAERunConfig
 from .evaluate import build_vae_model
+from .. import tables
 
 COLUMNS = ["model", "operator", "core", "params_stored", "params_effective", "block_applications",
            "flops_forward", "flops_train", "ms_forward", "ms_train", "batch", "img_size", "embed_dim",
@@ -124,13 +124,7 @@ def profile_models(cfg: VAERunConfig, operators: Sequence[str] = ("conv", "trans
 
 
 def write_csv(rows: List[Dict[str, Any]], path: str | Path) -> Path:
-    path = Path(path)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    return path
+    return tables.write_csv(rows, path, COLUMNS)
 
 
 __all__ = ["COLUMNS", "profile_models", "write_csv"]
