@@ -175,6 +175,7 @@ def test_divergence_advises_a_smaller_clip(tmp_path):
     res = cli("train", *TINY, "train.epochs=1", "train.lr=1e30", "train.grad_clip=0", "--out", tmp_path / "r")
     one_line_exit_2(res, "diverged")
     assert "smaller train.grad_clip" in res.stderr and "raise train.grad_clip" not in res.stderr
+    assert not (tmp_path / "r").exists()  # failed inside its first epoch: nothing written, no directory left
 
 
 def test_eval_refuses_a_step_count_far_beyond_the_machine(tmp_path):

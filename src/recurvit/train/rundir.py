@@ -13,8 +13,10 @@ Classification training, fine-tuning and LoopVAE training all keep their runs th
   checkpoint write (``.last.pt.XXXX.tmp``) are removed; ``metrics.jsonl`` is truncated to the epoch
   of ``last.pt`` (a crash may fall between the metrics append and the checkpoint write). A directory
   without a checkpoint (killed before its first epoch ended) starts from the beginning.
-- **write**: ``config.yaml`` and the metrics file are rewritten atomically (temp file + rename),
-  metrics are appended one JSON line per epoch, ``last.pt`` / ``best.pt`` are saved atomically.
+- **write**: ``config.yaml`` (what the run actually uses, a resume's overrides included) is written
+  atomically together with the first metrics line of the session, metrics are appended one JSON
+  line per epoch, ``last.pt`` / ``best.pt`` are saved atomically, a truncated metrics file is
+  rewritten atomically.
 - **clean up**: a run that fails before writing anything leaves no directory behind (only a
   directory this process created is ever removed, and only when it holds nothing but the lock).
 
@@ -51,6 +53,7 @@ class RunDir:
         self.created = created  # this process made the directory (it may remove it on failure)
         self.owner = owner
         self._lock_fd: Optional[int] = None
+        self._pending_config: Optional[str] = None
 
     # ------------------------------------------------------------------------- opening
     @classmethod
@@ -143,11 +146,15 @@ class RunDir:
         return ckpt_io.load_checkpoint(self.path / LAST, map_location)
 
     def write_config(self, text: str) -> None:
-        if self.owner:
-            write_atomic(self.path / CONFIG, text)
+        """config.yaml, written atomically with the first metrics line of this session: a run that
+        fails before its first epoch ends leaves nothing behind (and its directory goes)."""
+        self._pending_config = text
 
     def append_metrics(self, metrics: Dict[str, Any]) -> None:
         if self.owner:
+            if self._pending_config is not None:
+                write_atomic(self.path / CONFIG, self._pending_config)
+                self._pending_config = None
             with open(self.path / METRICS, "a") as f:
                 f.write(json.dumps(metrics) + "\n")
 
