@@ -41,6 +41,11 @@ def _fails(capsys, argv, needle):
     (["eval", "/nonexistent/run"], "checkpoint not found"),
     (["flops", "bvit_tiny", "patch_size=5"], "does not divide"),
     (["match", "nope"], "unknown model"),
+    (["train", "model.core=ode", "model.adjoint=true", "train.activation_checkpointing=true"], "adjoint already"),
+    (["train", "model.name=vit_tiny", "model.step_cond=embed"], "does not apply to the stack core"),
+    (["train", "model.depth=3"], "ONE shared block"),
+    (["train", "model.name=vit_tiny", "model.core=ode"], "ONE shared block"),
+    (["horizon", "/nonexistent/run", "--max-steps", "0"], "--max-steps must be >= 1"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -194,3 +194,25 @@ def test_loopvae_grid_runs_through_the_study_runner(tmp_path):
     report = write_report(rows, study, study.results).read_text()
     assert "PSNR dB" in report and "shared − unshared" in report
     assert (study.results / "psnr_vs_params.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("name: x\nbase: base.yaml\ngrid: [1, 2]\n", "'grid:' must be a mapping"),
+    ("name: x\nbase: base.yaml\ngrid: {a: {v: [1]}}\n", "must be a mapping of dotted"),
+    ("name: x\nbase: base.yaml\ngrid: {train.seed: [0]}\noverrides: [a]\n", "'overrides:' must be a mapping"),
+    ("name: x\nbase: base.yaml\ngrid: {train.seed: [0]}\neval: [1]\n", "'eval:' must be a mapping"),
+    ("name: x\nbase: base.yaml\ngrid: {train.seed: [0]}\nreport: {compare: [a, b]}\n", "pairs of variant labels"),
+])
+def test_malformed_study_files_are_one_line(tmp_path, text, needle):
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "s.yaml").write_text(text)
+    with pytest.raises(UserError, match=needle):
+        load_study(tmp_path / "s.yaml")
+
+
+def test_comparisons_pair_cells_on_every_other_axis():
+    from recurvit.study.report import _pairs
+
+    cs = [{"w": w, "m": m, "n": 3, "rows": []} for w in ("w32", "w64") for m in ("vit", "bvit")]
+    got = [(ca["w"], cb["w"], where) for ca, cb, where in _pairs(cs, ["w", "m"], "vit", "bvit")]
+    assert got == [("w32", "w32", " (w32)"), ("w64", "w64", " (w64)")]  # one comparison per width

@@ -33,17 +33,23 @@ def register() -> None:
 
 
 class _RegisterAfterTimm(importlib.abc.MetaPathFinder):
+    _busy = False
+
     def find_spec(self, name, path=None, target=None):
-        if name != "timm":
+        if name != "timm" or self._busy:
             return None
-        uninstall()  # one shot; also keeps the lookup below from coming back here
-        spec = importlib.util.find_spec(name)
+        self._busy = True  # the lookup below must not come back here
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._busy = False
         loader = getattr(spec, "loader", None)
         exec_module = getattr(loader, "exec_module", None)
         if exec_module is None or isinstance(loader, type):  # no per-module loader object to wrap
             return spec
 
-        def exec_then_register(module):
+        def exec_then_register(module):  # a probe (find_spec without import) leaves the hook in place
+            uninstall()
             exec_module(module)
             register()
 

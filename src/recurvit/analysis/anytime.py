@@ -1,7 +1,7 @@
 """Exit analysis: calibrate an anytime-exit threshold on held-out TRAINING images, then measure it
 on the test split (accuracy, steps per image, real images/s against fixed depth T).
 
-- :func:`collect` runs each image through every step once and keeps its prediction and every
+- :func:`trajectories` runs each image through every step once and keeps its prediction and every
   criterion's signal after each step, so any threshold's exits, accuracy and steps follow without
   another forward (:func:`point`, with the exit rule of ``forward_adaptive``).
 - :func:`calibrate` picks the threshold on the loader it is given (the calibration split of
@@ -36,7 +36,7 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def collect(model: nn.Module, loader: Iterable, device: torch.device, steps: int, amp: str = "off") -> dict:
+def trajectories(model: nn.Module, loader: Iterable, device: torch.device, steps: int, amp: str = "off") -> dict:
     """Predictions (K, N), labels (N,) and every criterion's signal (K, N) after steps 1..K."""
     model.eval()
     preds, labels, sigs = [], [], {c: [] for c in CRITERIA}
@@ -112,7 +112,7 @@ def calibrate(model: nn.Module, loader: Iterable, device: torch.device, criterio
     T = model.nominal_steps
     if target_drop is None and step_budget is None:
         target_drop = 0.5
-    traj = collect(model, loader, device, max(K, T), amp)
+    traj = trajectories(model, loader, device, max(K, T), amp)
     return {**choose(traj, criterion, T, K, m, target_drop, step_budget), "trajectory": traj}
 
 
@@ -232,5 +232,5 @@ def plot(panels: List[dict], path: Path) -> None:
     fig.savefig(path)
 
 
-__all__ = ["collect", "fixed_accuracy", "point", "thresholds", "choose", "calibrate", "interleaved", "runners",
+__all__ = ["trajectories", "fixed_accuracy", "point", "thresholds", "choose", "calibrate", "interleaved", "runners",
            "measure", "write_csv", "draw", "plot"]

@@ -54,10 +54,11 @@ FACTORS = (1, 2, 4, 8, 16)  # acc@kT reported for these k (when the sweep reache
 
 def summarize(sweep: Dict[str, List[float]], trained: int) -> Dict[str, Optional[float]]:
     """Accuracy at k x T for k in FACTORS (None where the sweep stops earlier), the mean accuracy
-    over steps T..4T, and the best step."""
+    over steps T..4T (None unless the sweep reaches 4T), and the best step."""
     acc = dict(zip(sweep["step"], sweep["accuracy"]))
     K = max(sweep["step"])
-    window = [acc[k] for k in range(trained, min(4 * trained, K) + 1)]
+    # beyond-horizon figures exist only where the model runs past T (a stack or SoftMoR stops at T)
+    window = [acc[k] for k in range(trained, 4 * trained + 1)] if K >= 4 * trained else []
     out: Dict[str, Optional[float]] = {"trained_steps": trained, "max_steps": K}
     for k in FACTORS:
         out[f"acc_{'' if k == 1 else k}T"] = acc.get(k * trained)

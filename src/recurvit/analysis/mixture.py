@@ -1,7 +1,7 @@
 """SoftMoR mixture weights: which recursion step each token reads from.
 
 ``mixture_weights`` runs a trained SoftMoR model over test images and returns the router's
-token-wise softmax weights (``core.last_weights``); ``plot_mixture`` draws them over the patch grid
+token-wise softmax weights (``core.mixture_weights()``); ``plot_mixture`` draws them over the patch grid
 (matplotlib's object API, ``Figure``: the caller's backend is untouched).
 """
 from __future__ import annotations
@@ -18,15 +18,19 @@ import torch.nn as nn
 def mixture_weights(model: nn.Module, loader: Iterable, device: torch.device, images: int = 4) -> Dict[str, torch.Tensor]:
     """``examples``: (images, units, N_patches, r) weights for the first images;
     ``mean``: (units, r) mean weight per unit and step over the whole loader (tokens averaged)."""
-    if not hasattr(model.core, "last_weights"):
-        raise ValueError(f"mixture weights exist for cores that mix steps (SoftMoR); this run is "
-                         f"{model.cfg.core_cls.describe(model.cfg)}")
+    def weights():
+        w = model.core.mixture_weights()
+        if w is None:
+            raise ValueError(f"mixture weights exist for cores that mix steps (SoftMoR with mixture=soft); this run "
+                             f"is {model.cfg.core_cls.describe(model.cfg)}")
+        return w
+
     model.eval()
     prefix = model.num_prefix_tokens
     total, n, examples = None, 0, []
     for x, _ in loader:
         model(x.to(device))
-        w = torch.stack(model.core.last_weights, dim=1).cpu()  # (B, units, T, r)
+        w = torch.stack(weights(), dim=1).cpu()  # (B, units, T, r)
         s = w.mean(dim=2).sum(dim=0)  # (units, r), summed over the batch
         total = s if total is None else total + s
         n += w.shape[0]

@@ -12,12 +12,11 @@ which step it belongs to (it asks the core: ``core.step_of_call(n)``, ``core.cur
   are the solver's grid states z(t_k). Block calls are the solver's stage evaluations: a fixed-step
   Runge-Kutta method makes exactly ``stages`` calls per interval (euler 1, midpoint 2, rk4 4), grouped
   by call order; multistep / adaptive methods are grouped by the time t of each evaluation
-  (interval floor(t / h) + 1, clipped to the steps run; t is read by a forward pre-hook on the
-  core's vector-field module). Per-step attention figures are then means over the calls of a step,
-  and masking "at step k" masks every call in interval k.
+  (interval floor(t / h) + 1, clipped to the steps run). Per-step attention figures are then means
+  over the calls of a step, and masking "at step k" masks every call in interval k.
 
-For the discrete cores the step is set while driving the core's state generator
-(``model.iter_states``): the calls made while producing state k belong to step k.
+Which step a call belongs to is the core's answer (``core.step_of_call(n)`` for the n-th block call
+of the running forward; ``core.current_time`` gives an ODE evaluation's t): the probe knows no core.
 
 Interventions (used by step-specific pruning; each active at ONE step only):
 - ``head``: zero one attention head's output slice (B, N, heads*head_dim) before ``attn.proj``

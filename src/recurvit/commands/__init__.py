@@ -56,6 +56,12 @@ def load_run_config(args, load, default_path: str):
     if not args.resume.is_dir():
         raise UserError(f"cannot resume: {args.resume} is not a run directory")
     if not (args.resume / "config.yaml").is_file():  # stopped before it wrote anything: starts afresh
+        from ..train.rundir import LEFTOVERS
+
+        foreign = sorted(p.name for p in args.resume.iterdir() if p.name not in LEFTOVERS and not p.name.endswith(".tmp"))
+        if foreign:
+            raise UserError(f"cannot resume: {args.resume} has no config.yaml and holds {', '.join(foreign[:3])}: "
+                            "it is not a run directory")
         return load(config or default_path, overrides)
     if config is not None:
         raise UserError("--resume reads the run's own config.yaml; give only key=value overrides with it")

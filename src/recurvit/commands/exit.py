@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import add_device_arg, print_json
+from . import add_device_arg, add_force_arg, print_json
 
 
 def add_parser(sub):
@@ -40,6 +40,7 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, help="directory for exit.csv / exit.png (default: the run directory)")
     p.add_argument("--data-root", help="where the run's data set lives now (overrides data.root)")
     add_device_arg(p)
+    add_force_arg(p)
     p.add_argument("--json", action="store_true", help="print the operating point and the sweep as JSON")
     return p
 
@@ -70,6 +71,7 @@ def run(args) -> int:
     from ..data.calibration import CALIBRATION_FRACTION, calibration_split, holdout_split
     from ..errors import UserError
     from ..models.adaptive import has_step_readouts, plan_steps
+    from ..train.budget import check_eval_cost
     from ..train.checkpoint import load_model_and_config
     from ..train.runtime import pick_device
 
@@ -97,11 +99,14 @@ def run(args) -> int:
                  else calibration_split(train_set, test_set))
     calib_loader = DataLoader(calib_set, **kw)
     test_loader = DataLoader(test_set, **kw)
+    # calibration and the test sweep each run every image to max(K, T) steps, then timed passes
+    check_eval_cost(model, next(iter(calib_loader))[0].to(device), max(K, T),  # (a calibration batch)
+                    len(calib_loader) + 3 * len(test_loader), force=args.force)
 
     cal = A.calibrate(model, calib_loader, device, args.criterion, K, m, args.target_drop, args.step_budget, amp,
                       readouts)
     thr = cal["threshold"]
-    test_traj = A.collect(model, test_loader, device, max(K, T), amp)
+    test_traj = A.trajectories(model, test_loader, device, max(K, T), amp)
     batches = []
     for x, _ in test_loader:
         batches.append(x.to(device))

@@ -28,11 +28,11 @@ def run(args) -> int:
     from ..train.checkpoint import load_model_and_config
     from ..train.runtime import build_test_loader, pick_device
 
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
     model, cfg = load_model_and_config(args.run)
     T = model.nominal_steps
     K = args.max_steps or 16 * T
-    if K < 1:
-        raise UserError(f"--max-steps must be >= 1, got {K}")
     note = None
     if model.core.limit is not None and K > model.core.limit:
         note = f"this {model.cfg.core} model runs at most {model.core.limit} steps; K capped"

@@ -46,7 +46,7 @@ def run(args) -> int:
     write_mean_csv(mean_t, out / "mixture_mean.csv")
     per_step = mean_t.mean(dim=0).tolist()
     if args.json:
-        print_json({"run": str(args.run), **{k: getattr(model.cfg.options, k) for k in ("recursions", "layout")},
+        print_json({"run": str(args.run), "runs_as": model.cfg.core_cls.describe(model.cfg),
                     "mean_weight_per_step": per_step, "mean_weight_per_unit_step": mean_t.tolist(),
                     "png": str(out / "mixture.png"), "csv": str(out / "mixture_mean.csv")})
     else:

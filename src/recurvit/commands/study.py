@@ -108,7 +108,7 @@ def run(args) -> int:
         rows = run_study(study, out, workers=workers, progress=not args.json, log=log)
     command = "recurvit study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["study"] else ""
     if args.report_only and command:  # the command that made the runs, not the one that re-read them
-        command = f"recurvit study {shlex.quote(str(args.study))} --workers 2    # this report: --report-only"
+        command = f"recurvit study {shlex.quote(str(args.study))}    # this report: --report-only"
     report = write_report(rows, study, study.results or out, command=command)
     if args.json:
         print_json({"study": study.name, "runs": len(rows), "report": str(report), "rows": rows})

@@ -31,7 +31,7 @@ def adapter_spec(model: nn.Module, method: str, rank: int, alpha: Optional[float
 
 
 def step_lora_calls_per_step(model: nn.Module) -> int:
-    """Shared-block calls per step, or a UserError when per-step adapters are not defined."""
+    """Shared-block calls per step, or a ValueError when per-step adapters are not defined."""
     cfg = model.cfg
     n = cfg.core_cls.calls_per_step(cfg)
     if n is None:

@@ -208,7 +208,10 @@ class VisionTransformer(TimmContract, nn.Module):
         """Logits read out after every step (or after the 1-based steps in ``at``), in ONE pass.
 
         Returns (K, B, num_classes) with K = steps (or len(at)); ``[k-1]`` equals ``model(x, steps=k)``.
+        ``at`` lists distinct steps >= 1 in increasing order.
         """
+        if at is not None and (not at or min(at) < 1 or list(at) != sorted(set(at))):
+            raise ValueError(f"at must list distinct steps >= 1 in increasing order, got {list(at)}")
         steps = self.core.check_steps(steps if at is None else max(at))
         want = set(range(1, steps + 1)) if at is None else set(at)
         out: List[torch.Tensor] = []

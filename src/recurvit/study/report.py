@@ -72,6 +72,10 @@ def cells(rows: List[Dict[str, Any]], study: Study) -> List[Dict[str, Any]]:
     for r in rows:
         groups.setdefault(tuple(r.get(a) for a in axes), []).append(r)
     out = []
+    for rs in groups.values():  # beyond-horizon means exist only for runs that reached 4T
+        for r in rs:
+            if study.task == "classify" and r.get("acc_4T") is None:
+                r["acc_mean_T_4T"] = None
     for key, rs in groups.items():
         c = dict(zip(axes, key))
         c["cell"] = " / ".join(map(str, key)) or rs[0]["model"]
@@ -105,7 +109,7 @@ def _cost(rows: List[Dict[str, Any]]) -> str:
     train = sum(r.get("train_seconds") or 0 for r in rows)
     ev = sum(r.get("eval_seconds") or 0 for r in rows)
     return (f"Cost: {train / 3600:.2f} h of training and {ev / 3600:.2f} h of evaluation, summed over runs "
-            f"(each run one worker process with one CPU thread unless said otherwise).")
+            f"(wall-clock seconds of each run's own process).")
 
 
 def _table(head: List[str], body: List[List[str]]) -> List[str]:
@@ -148,10 +152,7 @@ def vae_tables(cs: List[Dict[str, Any]], study: Study) -> List[str]:
 def comparisons(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     if not study.compare:
         return []
-    by_label = {}
-    for c in cs:
-        for a in study.cell_axes():
-            by_label.setdefault(str(c[a]), c)
+    axes = study.cell_axes()
     keys = ACC_KEYS if study.task == "classify" else ["psnr", "ssim"]
     scale = 100.0 if study.task == "classify" else 1.0
     unit = "points" if study.task == "classify" else "dB / SSIM"
@@ -159,16 +160,31 @@ def comparisons(cs: List[Dict[str, Any]], study: Study) -> List[str]:
              f"n = seeds per cell):", ""]
     body = []
     for a, b in study.compare:
-        ca, cb = by_label.get(a), by_label.get(b)
-        if ca is None or cb is None:
-            continue
-        for k in keys:
-            w = welch([r.get(k) for r in ca["rows"]], [r.get(k) for r in cb["rows"]])
-            if math.isnan(w["diff"]):
-                continue
-            body.append([f"{a} − {b}", ACC_HEAD.get(k, k), f"{w['diff'] * scale:+.2f}",
-                         f"[{w['lo'] * scale:+.2f}, {w['hi'] * scale:+.2f}]", fmt_p(w["p"]), f"{ca['n']} / {cb['n']}"])
+        for ca, cb, where in _pairs(cs, axes, a, b):
+            for k in keys:
+                w = welch([r.get(k) for r in ca["rows"]], [r.get(k) for r in cb["rows"]])
+                if math.isnan(w["diff"]):
+                    continue
+                body.append([f"{a} − {b}{where}", ACC_HEAD.get(k, k), f"{w['diff'] * scale:+.2f}",
+                             f"[{w['lo'] * scale:+.2f}, {w['hi'] * scale:+.2f}]", fmt_p(w["p"]),
+                             f"{ca['n']} / {cb['n']}"])
     return lines + _table(["comparison", "figure", "difference", "95% interval", "p", "n"], body) + [""]
+
+
+def _pairs(cs: List[Dict[str, Any]], axes: List[str], a: str, b: str):
+    """(cell a, cell b, ' (other labels)') for every combination of the OTHER axes' labels: in a
+    width x model grid, ``[vit, bvit]`` is one comparison per width, never a mix of widths."""
+    axis = next((x for x in axes if any(str(c[x]) == a for c in cs) and any(str(c[x]) == b for c in cs)), None)
+    if axis is None:
+        return []
+    others = [x for x in axes if x != axis]
+    out = []
+    for ca in (c for c in cs if str(c[axis]) == a):
+        key = tuple(str(ca[x]) for x in others)
+        cb = next((c for c in cs if str(c[axis]) == b and tuple(str(c[x]) for x in others) == key), None)
+        if cb is not None:
+            out.append((ca, cb, f" ({', '.join(key)})" if others else ""))
+    return out
 
 
 def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, command: str = "") -> Path:

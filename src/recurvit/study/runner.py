@@ -69,10 +69,12 @@ def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str
     for name, opts in eval_spec.get("variants", {}).items():
         try:
             other, _ = load_model_and_config(out / "last.pt", **opts)
-        except UserError:  # an option this run's core does not have: not applicable
-            variants[name] = None
+        except UserError as e:
+            if "does not apply" not in str(e) and "applies to" not in str(e):
+                raise
+            variants[name] = None  # an option this run's core does not have: not applicable
             continue
-        ev = evaluate(other.to(device), test_loader, device, amp=cfg.train.amp)
+        ev = evaluate(other.to(device), test_loader, device, amp="off")  # fp32, as the sweep above
         variants[name] = {"acc_T": ev["accuracy"], "nfe": other.nfe}
     acct = account(model.cpu(), memory=False)
     mc = model.cfg
@@ -138,7 +140,7 @@ def run_vae(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any
     cfg.train.progress = False
     metrics = train_vae(cfg, out, resume=out.is_dir(), log=_quiet)
     t0 = time.perf_counter()
-    model, cfg, _ = load_vae_run(out / "best.pt")
+    model, cfg, _ = load_vae_run(out / "last.pt")  # best.pt is chosen on the test split: not for reporting
     device = pick_device(cfg.train.device)
     model.to(device)
     _, test_set, info = build_vae_datasets(cfg.data, cfg.train.seed)
@@ -182,21 +184,23 @@ def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dic
     (out_p / "error.txt").unlink(missing_ok=True)  # of an earlier, failed attempt
     t0 = time.perf_counter()
     res = TASK_RUNNERS[task](base, overrides, out_p, eval_spec, nproc=nproc, threads=threads)
-    res = {"run_id": out_p.name, **labels, **res, "overrides": overrides, "eval": eval_spec,
+    res = {**res, "run_id": out_p.name, **labels, "overrides": overrides, "eval": eval_spec,  # labels win
            "wall_seconds": time.perf_counter() - t0}
     _write_result(out_p, res)
     return res
 
 
 def run_one_safe(kw: Dict[str, Any]) -> Dict[str, Any]:
-    """run_one, but a run that fails with a user error (diverged, bad option) is reported, not fatal."""
+    """run_one, but a run that fails (diverged, bad option, or any crash) is reported as a failed run
+    of the study, not fatal to the others."""
     try:
         return run_one(**kw)
-    except UserError as e:
+    except Exception as e:  # noqa: BLE001  (one run's failure must not lose the study's report)
+        msg = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         out = Path(kw["out"])
         if out.is_dir():
-            (out / "error.txt").write_text(str(e) + "\n")
-        return {"run_id": out.name, **kw["labels"], "error": str(e)}
+            (out / "error.txt").write_text(msg + "\n")
+        return {"run_id": out.name, **kw["labels"], "error": msg}
 
 
 # ------------------------------------------------------------------------------------ the study

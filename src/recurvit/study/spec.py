@@ -95,12 +95,20 @@ def load_study(path: str | Path) -> Study:
     for key in ("name", "base", "grid"):
         if key not in raw:
             raise UserError(f"study file {p} needs a '{key}:' entry (see recurvit/study/spec.py)")
+    for key in ("grid", "overrides", "eval", "report"):
+        if raw.get(key) is not None and not isinstance(raw[key], dict):
+            raise UserError(f"study file {p}: '{key}:' must be a mapping (key: value lines), "
+                            f"got a {type(raw[key]).__name__}")
     task = str(raw.get("task", "classify"))
     if task not in TASKS:
         raise UserError(f"study file {p}: task must be one of {', '.join(TASKS)}, got '{task}'")
     axes = []
     for axis, values in (raw["grid"] or {}).items():
         if isinstance(values, dict):
+            bad = [str(lbl) for lbl, ov in values.items() if ov is not None and not isinstance(ov, dict)]
+            if bad:
+                raise UserError(f"study file {p}: grid variant {bad[0]} of '{axis}' must be a mapping of dotted "
+                                "overrides, e.g. {train.epochs: 5}")
             variants = [(str(lbl), dict(ov or {})) for lbl, ov in values.items()]
         elif isinstance(values, list):
             variants = [(_label(v), {axis: v}) for v in values]
@@ -113,7 +121,13 @@ def load_study(path: str | Path) -> Study:
     factor = ev.get("max_steps_factor", 4)
     if not isinstance(factor, int) or factor < 1:
         raise UserError(f"study file {p}: eval.max_steps_factor must be an integer >= 1, got {factor!r}")
-    compare = [tuple(map(str, pair)) for pair in rep.get("compare") or []]
+    if not isinstance(ev.get("variants") or {}, dict) or not all(isinstance(v or {}, dict)
+                                                                  for v in (ev.get("variants") or {}).values()):
+        raise UserError(f"study file {p}: eval.variants maps names to core options, e.g. {{rk4: {{method: rk4}}}}")
+    pairs = rep.get("compare") or []
+    if not isinstance(pairs, list) or any(not isinstance(pair, list) or len(pair) != 2 for pair in pairs):
+        raise UserError(f"study file {p}: report.compare holds pairs of variant labels, e.g. [[naive, ds3]]")
+    compare = [tuple(map(str, pair)) for pair in pairs]
     if any(len(pair) != 2 for pair in compare):
         raise UserError(f"study file {p}: report.compare holds pairs of variant labels, e.g. [[naive, ds3]]")
     study = Study(

@@ -105,7 +105,7 @@ def prepare(model: nn.Module, method: str, rank: int = 4, alpha: Optional[float]
     return spec
 
 
-def count_params(model: nn.Module) -> Dict[str, int]:
+def trainable_counts(model: nn.Module) -> Dict[str, int]:
     return {"trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "total_params": sum(p.numel() for p in model.parameters())}
 
@@ -184,7 +184,7 @@ def _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_
 
     out = run.path
     model.to(device)
-    counts = count_params(model)
+    counts = trainable_counts(model)
     try:
         depth = DepthSampler(cfg.train.depth, model.nominal_steps, cap=model.core.limit)
         stage_weights(cfg.train.supervision.weights, 1)

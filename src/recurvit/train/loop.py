@@ -222,8 +222,9 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
     train_loader, test_loader, info = build_loaders(cfg, env=env, log=log)
     cfg = resolve_model_config(cfg, info)
     m = cfg.model
-    check_param_memory(lambda: ckpt_io.build_model_from_config(cfg), device, force=force,
-                       what=f"model {m.name} (embed_dim={m.embed_dim}, depth={m.depth}, steps={m.steps})")
+    env.on_main(lambda: check_param_memory(  # rank 0 decides for every rank (no rank waits on a stopped one)
+        lambda: ckpt_io.build_model_from_config(cfg), device, force=force,
+        what=f"model {m.name} (embed_dim={m.embed_dim}, depth={m.depth}, steps={m.steps})"))
     model = build_model(cfg, device)
     opt = build_optimizer(model, cfg.train, device)
     sched = build_scheduler(opt, cfg.train, len(train_loader))
@@ -251,8 +252,9 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
     forward = _speed_and_scale(model, cfg, device, env)
     with torch.random.fork_rng(devices=[]):  # measuring must not move the run's random streams
         batch = dist_io.per_rank_batch(cfg.train.batch_size, env.world_size) if env.enabled else cfg.train.batch_size
-        check_train_memory(model, (model.cfg.in_chans, model.cfg.img_size, model.cfg.img_size), depth.deepest, batch,
-                           device, f"{depth.deepest:,} steps x batch {batch:,}", force=force)
+        env.on_main(lambda: check_train_memory(model, (model.cfg.in_chans, model.cfg.img_size, model.cfg.img_size),
+                                               depth.deepest, batch, device, f"{depth.deepest:,} steps x batch {batch:,}",
+                                               force=force))
     run.write_config(to_yaml(cfg))  # what the run actually uses, overrides of a resume included
     cfg_dict = as_dict(cfg)
 
@@ -321,9 +323,10 @@ def _speed_and_scale(model: nn.Module, cfg: RunConfig, device: torch.device,
 
     tc = cfg.train
     if tc.activation_checkpointing:
-        if getattr(getattr(model, "cfg", None), "adjoint", False):
-            raise UserError("train.activation_checkpointing=true with model.adjoint=true: the adjoint already "
-                            "keeps O(1) memory in the steps; set one of them to false")
+        try:
+            model.cfg.core_cls.check_training(model.cfg, activation_checkpointing=True)
+        except ValueError as e:
+            raise UserError(str(e)) from None
         set_activation_checkpointing(model, True)
     if tc.compile:
         reason = compile_available(device)

@@ -5,7 +5,8 @@ The rule: overrides given with ``--resume`` APPLY when they change how training 
 ``data.root``, ``data.num_workers``); the optimizer and the schedule then follow them
 (``optim.follow_config``) and config.yaml is rewritten with them. Overrides that would change
 WHAT is trained (the model, the data set and its augmentation, the seed, the batch size, which
-fixes the iterations of every epoch already run) are refused with one line naming the keys.
+fixes the iterations of every epoch already run, per-stage heads, which add modules) are refused
+with one line naming the keys.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Dict, Iterable, List, Tuple
 
 from ..errors import UserError
 
-FIXED_TRAIN_KEYS = ("train.seed", "train.batch_size")
+FIXED_TRAIN_KEYS = ("train.seed", "train.batch_size", "train.supervision.per_stage_heads")  # (heads are model)
 MUTABLE_DATA_KEYS = ("data.root", "data.num_workers")
 
 Change = Tuple[str, Any, Any]  # (dotted key, old value, new value)

@@ -10,9 +10,10 @@ Classification training, fine-tuning and LoopVAE training all keep their runs th
   ``train --out``, a ``--resume`` of a running run, a study worker) ends with one line and touches
   nothing. The lock file keeps the owner's pid for that message.
 - **resume** (``RunDir.resume``): the same directory, locked; leftover temp files of an interrupted
-  checkpoint write (``.last.pt.XXXX.tmp``) are removed; ``metrics.jsonl`` is truncated to the epoch
-  of ``last.pt`` (a crash may fall between the metrics append and the checkpoint write). A directory
-  without a checkpoint (killed before its first epoch ended) starts from the beginning.
+  checkpoint write (``.last.pt.XXXX.tmp``) are removed; the training loops then truncate
+  ``metrics.jsonl`` to the epoch of ``last.pt`` (``truncate_metrics``: a crash may fall between the
+  metrics append and the checkpoint write). A directory without a checkpoint (killed before its
+  first epoch ended) starts from the beginning (``open_run``).
 - **write**: ``config.yaml`` (what the run actually uses, a resume's overrides included) is written
   atomically together with the first metrics line of the session, metrics are appended one JSON
   line per epoch, ``last.pt`` / ``best.pt`` are saved atomically, a truncated metrics file is
@@ -37,6 +38,7 @@ from ..errors import UserError
 from . import checkpoint as ckpt_io
 
 LOCK = ".lock"
+LEFTOVERS = (LOCK, "metrics.jsonl", "tb", "error.txt")  # what a run killed before its first epoch ended may leave
 CONFIG, METRICS, LAST, BEST = "config.yaml", "metrics.jsonl", "last.pt", "best.pt"
 
 
@@ -64,6 +66,9 @@ class RunDir:
             return cls(path, created=False, owner=False)
         if path.exists() and not path.is_dir():
             raise UserError(f"--out {path} is a file, not a directory; choose another --out")
+        if path.is_dir() and any(p.name != LOCK for p in path.iterdir()):  # before the lock file is made
+            raise UserError(f"run directory {path} already exists and is not empty; choose another --out "
+                            f"or pass --resume {path}")
         created = False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,9 +141,6 @@ class RunDir:
             shutil.rmtree(self.path, ignore_errors=True)
 
     # ------------------------------------------------------------------------ contents
-    def file(self, name: str) -> Path:
-        return self.path / name
-
     def has_checkpoint(self) -> bool:
         return (self.path / LAST).is_file()
 

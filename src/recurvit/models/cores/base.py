@@ -22,6 +22,7 @@ never branch on a core's name:
 ``calls_per_step(cfg)``    calls of ONE shared block per step (None: not one shared block / varies)
 ``unrollable(cfg)``        step k is exactly ``block(z)`` with step-k weights (per-step adapters unroll)
 ``describe(cfg)``          a short label of how it runs ("ode rk4/state_subtracted")
+``check_training(cfg, ..)`` a training setting that contradicts the core's options (ValueError)
 ``cannot_step(cfg)``       why it cannot run one step at a time on a shrinking batch (None: it can)
 =========================  ======================================================================
 
@@ -173,6 +174,10 @@ class Core(nn.Module):
         return cls.name
 
     @classmethod
+    def check_training(cls, cfg, activation_checkpointing: bool = False) -> None:
+        """Raise ValueError for a training setting that contradicts this core's options."""
+
+    @classmethod
     def cannot_step(cls, cfg) -> Optional[str]:
         """Why this config cannot run one step at a time (``begin`` / ``advance``); None: it can."""
         return f"the {cls.name} core has no per-step execution (begin / advance)"
@@ -213,6 +218,10 @@ class Core(nn.Module):
     def step_of_call(self, call: int) -> int:
         """1-based step of the ``call``-th (0-based) block call of the running forward."""
         return call + 1
+
+    def mixture_weights(self) -> Optional[List[torch.Tensor]]:
+        """Token-wise weights over the steps that the last forward mixed (None: this core does not mix)."""
+        return None
 
     @property
     def current_time(self) -> Optional[float]:

@@ -143,6 +143,12 @@ class ODECore(Core):
         return [(cfg.steps if steps is None else int(steps)) * per_step]
 
     @classmethod
+    def check_training(cls, cfg, activation_checkpointing: bool = False) -> None:
+        if activation_checkpointing and cfg.options.adjoint:
+            raise ValueError("train.activation_checkpointing=true with model.adjoint=true: the adjoint already keeps "
+                             "O(1) memory in the steps; set one of them to false")
+
+    @classmethod
     def describe(cls, cfg) -> str:
         o = cfg.options
         refine = f" h/{o.refine}" if int(o.refine) > 1 else ""

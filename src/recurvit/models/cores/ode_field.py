@@ -16,7 +16,6 @@ from ...layers.step_cond import StepConditioning
 FIELDS = ("state_subtracted", "black_box")
 METHODS: Tuple[str, ...] = tuple(m for m in SOLVERS if m != "scipy_solver")
 FIXED_METHODS: Tuple[str, ...] = tuple(m for m in METHODS if issubclass(SOLVERS[m], FixedGridODESolver))
-ADAPTIVE_METHODS: Tuple[str, ...] = tuple(m for m in METHODS if m not in FIXED_METHODS)
 _STAGES = {"euler": 1, "midpoint": 2, "heun2": 2, "heun3": 3, "rk4": 4}
 _GRID_TOL = 1e-4  # in units of the step size: snaps float rounding of t / h to the grid
 

@@ -221,6 +221,9 @@ class SoftMoRCore(Core):
         how = "last" if o.mixture == "last" else f"soft/{o.router}"
         return f"{cls.name} r={o.recursions} {o.layout} {how}"
 
+    def mixture_weights(self) -> Optional[List[torch.Tensor]]:
+        return self.last_weights if self.mixture == "soft" else None
+
     def step_of_call(self, call: int) -> int:
         return call // self.recursions + 1 if self.layout == "inplace" else call // self.depth + 1
 
