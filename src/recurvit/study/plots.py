@@ -27,6 +27,11 @@ def pareto(points: Sequence[Tuple[float, float]], lower_x: bool = True) -> List[
     return front
 
 
+def _legend(ax, **kw) -> None:
+    if ax.get_legend_handles_labels()[0]:  # nothing labelled (no cell with the figure): no empty legend
+        ax.legend(**kw)
+
+
 def _save(fig: Figure, path: Path) -> str:
     fig.tight_layout()
     fig.savefig(path)
@@ -51,7 +56,7 @@ def cost_fronts(cells: List[Dict[str, Any]], out: Path, name: str) -> List[Tuple
         ax.set_xlabel(xlabel)
         ax.set_ylabel("test accuracy at T")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
         ax.set_title(f"{name}: accuracy vs {xlabel}", fontsize=9)
         made.append((f"accuracy vs {xlabel}", _save(fig, out / fname)))
     return made
@@ -72,7 +77,7 @@ def horizon(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) ->
     ax.set_ylabel("test accuracy (mean over seeds)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
+    _legend(ax, fontsize=6, ncol=2)
     ax.set_title(f"{name}: accuracy against test-time steps", fontsize=9)
     return "accuracy against test-time steps", _save(fig, out / "acc_vs_steps.png")
 
@@ -88,7 +93,7 @@ def epochs(cells: List[Dict[str, Any]], out: Path, name: str, key: str = "curve"
     ax.set_xlabel("epoch")
     ax.set_ylabel(f"{ylabel} (first seed)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
+    _legend(ax, fontsize=6, ncol=2)
     ax.set_title(f"{name}: {ylabel} against epoch", fontsize=9)
     return f"{ylabel} against epoch", _save(fig, out / "acc_vs_epoch.png")
 
@@ -116,7 +121,7 @@ def frontier(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) -
         ax.set_xlabel("nominal accuracy (at T)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend(ax, fontsize=7)
     fig.suptitle(f"{name}: accuracy-robustness frontier (95% intervals over seeds)", fontsize=9)
     return "accuracy-robustness frontier", _save(fig, out / "frontier.png")
 
