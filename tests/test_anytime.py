@@ -1,5 +1,6 @@
 """Anytime inference (issue 15): per-image exits equal fixed-depth readouts, compaction shrinks the
-work, calibration reads only held-out training images, the exit command and the experiment script."""
+work, calibration reads only training images (held out from training with data.holdout), never the test
+split, the exit command and the experiment script."""
 import json
 from pathlib import Path
 
@@ -155,7 +156,7 @@ class _Sentinel(torch.utils.data.Dataset):
         return self.inner[i]
 
 
-def test_calibration_split_is_held_out_training_data_without_augmentation():
+def test_calibration_split_is_training_data_without_augmentation():
     from recurvit.config import DataConfig
 
     train, test, _ = recurvit.data.build_datasets(DataConfig(name="digits"))

@@ -1,11 +1,14 @@
-"""Run safety (issue 12), through the real CLI in subprocesses: one writer per run directory, resume
-that says what it changes, one line and exit 2 for a user's mistake, output that fits a pipe."""
+"""Run safety (issue 12) through the real CLI: one writer per run directory, resume that says what it
+changes, one line and exit 2 for a user's mistake, output that fits a pipe. Real subprocesses where
+processes are the point (locks, kill -9, pipes); the CLI's own ``main`` in-process elsewhere."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -30,6 +33,32 @@ def cli(*args, env=None, timeout=300):
 def start(*args):
     return subprocess.Popen([sys.executable, "-m", "recurvit.cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env())
+
+
+def run_main(*args, capsys):
+    """``recurvit ARGS`` in this process: (returncode, stdout, stderr) like a subprocess."""
+    from recurvit.cli import main
+
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One finished 2-epoch tiny run; tests copy it (training it per test would cost seconds each)."""
+    from recurvit.cli import main
+
+    run = tmp_path_factory.mktemp("shared") / "r"
+    assert main(["train", *TINY, "train.epochs=2", "train.progress=false", "--out", str(run), "--json"]) == 0
+    return run
+
+
+def copy_run(trained, tmp_path):
+    dst = tmp_path / "r"
+    shutil.copytree(trained, dst)
+    return dst
 
 
 def one_line_exit_2(res, needle):
@@ -64,31 +93,31 @@ def test_resume_of_a_running_run_is_refused_and_a_killed_run_resumes(tmp_path):
     while not (run / "last.pt").is_file():
         assert p.poll() is None and time.time() - t0 < 240
         time.sleep(0.2)
-    one_line_exit_2(cli("train", "--resume", run), "in use")
-    p.send_signal(signal.SIGKILL)  # the OS releases the lock of a killed process
-    p.wait()
+    p.send_signal(signal.SIGSTOP)  # frozen mid-run: it still holds the lock, and cannot finish first
+    try:
+        one_line_exit_2(cli("train", "--resume", run), "in use")
+    finally:
+        p.send_signal(signal.SIGKILL)  # the OS releases the lock of a killed process
+        p.wait()
     res = cli("train", "--resume", run)
     assert res.returncode == 0, res.stderr
     assert epochs(run) == list(range(1, 9))
 
 
-def test_the_lock_protects_finetune_and_vae_train(tmp_path):
-    src = tmp_path / "src"
-    assert cli("train", *TINY, "train.epochs=1", "--out", src).returncode == 0
+def test_the_lock_protects_finetune_and_vae_train(trained, tmp_path):
     held = tmp_path / "held"
-    with RunDir.create(held):
-        one_line_exit_2(cli("finetune", src, "--data", "digits", "--method", "head", "train.epochs=1", "--out", held),
-                        "in use")
+    with RunDir.create(held):  # another process's lock: the commands below run in their own processes
+        one_line_exit_2(cli("finetune", trained, "--data", "digits", "--method", "head", "train.epochs=1", "--out",
+                            held), "in use")
         one_line_exit_2(cli("vae", "train", "data.img_size=16", "train.epochs=1", "--out", held), "in use")
         one_line_exit_2(cli("train", "--resume", held), "in use")
     assert sorted(p.name for p in held.iterdir()) == [".lock"]  # nothing touched
 
 
 # ----------------------------------------------------------------------------------- resume
-def test_resume_applies_train_overrides_and_says_so(tmp_path):
-    run = tmp_path / "r"
-    assert cli("train", *TINY, "train.epochs=2", "--out", run).returncode == 0
-    res = cli("train", "--resume", run, "train.epochs=3", "train.lr=0.002")
+def test_resume_applies_train_overrides_and_says_so(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path)
+    res = run_main("train", "--resume", run, "train.epochs=3", "train.lr=0.002", capsys=capsys)
     assert res.returncode == 0, res.stderr
     assert f"resuming {run} at epoch 2: train.epochs 2 -> 3, train.lr 0.001 -> 0.002" in res.stdout
     cfg = yaml.safe_load((run / "config.yaml").read_text())
@@ -99,13 +128,27 @@ def test_resume_applies_train_overrides_and_says_so(tmp_path):
     assert last["optimizer"]["param_groups"][0]["initial_lr"] == 0.002  # the optimizer follows
 
 
-def test_resume_refuses_what_would_change_the_model(tmp_path):
-    run = tmp_path / "r"
-    assert cli("train", *TINY, "train.epochs=1", "--out", run).returncode == 0
+@pytest.mark.parametrize("overrides,keys", [
+    (["model.embed_dim=32", "train.seed=3"], "model.embed_dim, train.seed"),
+    (["train.supervision.per_stage_heads=true"], "train.supervision.per_stage_heads"),  # adds modules
+])
+def test_resume_refuses_what_would_change_the_model(trained, tmp_path, capsys, overrides, keys):
+    run = copy_run(trained, tmp_path)
     before = (run / "config.yaml").read_text()
-    one_line_exit_2(cli("train", "--resume", run, "model.embed_dim=32", "train.seed=3"),
-                    "cannot change model.embed_dim, train.seed")
+    one_line_exit_2(run_main("train", "--resume", run, *overrides, capsys=capsys), f"cannot change {keys}")
     assert (run / "config.yaml").read_text() == before
+
+
+def test_resume_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    one_line_exit_2(run_main("train", "--resume", tmp_path, capsys=capsys), "not a run directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # no lock, config or checkpoint written
+
+
+def test_out_over_a_foreign_directory_leaves_no_lock_file(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    one_line_exit_2(run_main("train", *TINY, "--out", tmp_path, capsys=capsys), "already exists and is not empty")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 def test_follow_config_keeps_an_unchanged_schedule_and_moves_a_changed_one():
@@ -129,60 +172,62 @@ def test_follow_config_keeps_an_unchanged_schedule_and_moves_a_changed_one():
     assert opt.param_groups[0]["weight_decay"] == 0.1 and opt.param_groups[1]["weight_decay"] == 0.0
 
 
-def test_resume_without_a_checkpoint_starts_from_the_beginning_and_cleans_temp_files(tmp_path):
+def test_resume_without_a_checkpoint_starts_from_the_beginning_and_cleans_temp_files(tmp_path, capsys):
     run = tmp_path / "r"
     run.mkdir()
-    config = cli("train", *TINY, "train.epochs=1", "--print-config")
+    config = run_main("train", *TINY, "train.epochs=1", "--print-config", capsys=capsys)
     (run / "config.yaml").write_text(config.stdout)  # written at the start of the killed run
     (run / "metrics.jsonl").write_text("")
     (run / ".last.pt.abc123.tmp").write_bytes(b"half a checkpoint")
-    res = cli("train", "--resume", run)
+    res = run_main("train", "--resume", run, capsys=capsys)
     assert res.returncode == 0, res.stderr
     assert "starting it from the beginning" in res.stdout
     assert not list(run.glob(".*.tmp")) and epochs(run) == [1]
 
 
-def test_resume_of_a_finished_run_whose_metrics_were_deleted(tmp_path):
-    run = tmp_path / "r"
-    assert cli("train", *TINY, "train.epochs=1", "--out", run).returncode == 0
+def test_resume_of_a_finished_run_whose_metrics_were_deleted(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path)
     (run / "metrics.jsonl").unlink()
-    res = cli("train", "--resume", run, "--json")
+    res = run_main("train", "--resume", run, "--json", capsys=capsys)
     assert res.returncode == 0, res.stderr
-    assert 0 < json.loads(res.stdout)["test_acc"] <= 1  # the last epoch's figures come from last.pt
+    last = torch.load(run / "last.pt", weights_only=True)["metrics"]
+    got = json.loads(res.stdout)
+    assert last["epoch"] == 2 and got["epoch"] == 2 and got["test_acc"] == last["test_acc"]  # from last.pt
 
 
 # -------------------------------------------------------------------- one line and exit 2
 @pytest.mark.parametrize("args,needle", [
     (["--out", "/proc/recurvit-x"], "cannot create run directory"),
-    (["train.batch_size=1e20"], "train.batch_size"),
-    (["model.steps=100000"], "100,000 steps"),
-    (["model.embed_dim=30000", "model.num_heads=1"], "parameters"),
+    (["train.batch_size=1e20"], "train.batch_size"),  # not an integer
+    (["train.batch_size=10000000000"], "must be <= 1,000,000,000"),
+    (["model.steps=1000000000"], "1,000,000,000 steps"),  # activations no machine holds
+    (["model.embed_dim=1000000", "model.num_heads=1"], "parameters"),  # counted on the meta device
 ])
-def test_user_mistakes_are_one_line(tmp_path, args, needle):
+def test_user_mistakes_are_one_line(tmp_path, capsys, args, needle):
     out = [] if "--out" in args else ["--out", tmp_path / "r"]
-    one_line_exit_2(cli("train", *TINY[:1] if "model.embed_dim" not in args[0] else [], *args, *out), needle)
+    one_line_exit_2(run_main("train", "model.embed_dim=24", *args, *out, capsys=capsys), needle)
     assert not (tmp_path / "r").exists()  # no run directory left behind
 
 
-def test_out_pointing_at_a_file(tmp_path):
+def test_out_pointing_at_a_file(tmp_path, capsys):
     f = tmp_path / "file"
     f.write_text("mine")
-    one_line_exit_2(cli("train", *TINY, "--out", f), "is a file")
+    one_line_exit_2(run_main("train", *TINY, "--out", f, capsys=capsys), "is a file")
     assert f.read_text() == "mine"
 
 
-def test_divergence_advises_a_smaller_clip(tmp_path):
-    res = cli("train", *TINY, "train.epochs=1", "train.lr=1e30", "train.grad_clip=0", "--out", tmp_path / "r")
+def test_divergence_advises_clipping(tmp_path, capsys):
+    res = run_main("train", *TINY, "train.epochs=1", "train.lr=1e30", "train.grad_clip=0", "--out", tmp_path / "r",
+                   capsys=capsys)
     one_line_exit_2(res, "diverged")
-    assert "smaller train.grad_clip" in res.stderr and "raise train.grad_clip" not in res.stderr
+    assert "set train.grad_clip" in res.stderr  # clipping was off: the advice is to turn it on
     assert not (tmp_path / "r").exists()  # failed inside its first epoch: nothing written, no directory left
 
 
-def test_eval_refuses_a_step_count_far_beyond_the_machine(tmp_path):
-    run = tmp_path / "r"
-    assert cli("train", *TINY, "train.epochs=1", "--out", run).returncode == 0
-    one_line_exit_2(cli("eval", run, "--steps", 10 ** 12), "would take about")
-    one_line_exit_2(cli("horizon", run, "--max-steps", 10 ** 9), "would take about")
+def test_eval_refuses_a_step_count_far_beyond_the_machine(trained, capsys):
+    one_line_exit_2(run_main("eval", trained, "--steps", 10 ** 12, capsys=capsys), "would take about")
+    one_line_exit_2(run_main("horizon", trained, "--max-steps", 10 ** 9, capsys=capsys), "would take about")
+    one_line_exit_2(run_main("analyze", trained, "--steps", 10 ** 6, capsys=capsys), "would take about")
 
 
 # ---------------------------------------------------------------------------------- output

@@ -206,8 +206,9 @@ def test_loopvae_grid_runs_through_the_study_runner(tmp_path):
 def test_malformed_study_files_are_one_line(tmp_path, text, needle):
     (tmp_path / "base.yaml").write_text(BASE)
     (tmp_path / "s.yaml").write_text(text)
-    with pytest.raises(UserError, match=needle):
+    with pytest.raises(UserError, match=needle) as e:
         load_study(tmp_path / "s.yaml")
+    assert "\n" not in str(e.value)
 
 
 def test_comparisons_pair_cells_on_every_other_axis():
@@ -216,3 +217,33 @@ def test_comparisons_pair_cells_on_every_other_axis():
     cs = [{"w": w, "m": m, "n": 3, "rows": []} for w in ("w32", "w64") for m in ("vit", "bvit")]
     got = [(ca["w"], cb["w"], where) for ca, cb, where in _pairs(cs, ["w", "m"], "vit", "bvit")]
     assert got == [("w32", "w32", " (w32)"), ("w64", "w64", " (w64)")]  # one comparison per width
+
+
+def test_labels_win_over_result_keys_and_any_crash_is_a_failed_row(tmp_path, monkeypatch):
+    from recurvit.study import runner
+
+    def fake(base, overrides, out, eval_spec, **kw):
+        out.mkdir(parents=True, exist_ok=True)
+        return {"model": "bvit_tiny", "acc_T": 0.5}
+
+    monkeypatch.setitem(runner.TASK_RUNNERS, "classify", fake)
+    kw = dict(task="classify", base="b.yaml", overrides=[], out=str(tmp_path / "a"), eval_spec={}, labels={"model": "bvit"})
+    assert runner.run_one(**kw)["model"] == "bvit"  # a grid axis named like a result key keeps its label
+
+    def crash(base, overrides, out, eval_spec, **kw):
+        out.mkdir(parents=True, exist_ok=True)
+        raise RuntimeError("CUDA out of memory\ndetails")
+
+    monkeypatch.setitem(runner.TASK_RUNNERS, "classify", crash)
+    row = runner.run_one_safe({**kw, "out": str(tmp_path / "b")})
+    assert row["error"] == "RuntimeError: CUDA out of memory" and row["model"] == "bvit"
+    assert (tmp_path / "b" / "error.txt").read_text().startswith("RuntimeError")
+
+
+def test_beyond_horizon_mean_only_when_the_sweep_reaches_4t():
+    from recurvit.analysis.horizon import summarize
+
+    stack = summarize({"step": [1, 2, 3], "accuracy": [0.5, 0.6, 0.7]}, trained=3)  # a stack stops at T
+    assert stack["acc_T"] == 0.7 and stack["acc_2T"] is None and stack["acc_mean_T_4T"] is None
+    rec = summarize({"step": list(range(1, 13)), "accuracy": [i / 12 for i in range(1, 13)]}, trained=3)
+    assert rec["acc_4T"] == 1.0 and rec["acc_mean_T_4T"] == pytest.approx(sum(range(3, 13)) / 12 / 10)

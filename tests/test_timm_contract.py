@@ -317,3 +317,14 @@ def test_grad_checkpointing_leaves_logits_and_gradients_unchanged(name):
         torch.testing.assert_close(pa.grad, pb.grad, atol=1e-6, rtol=1e-5, msg=n)
     ckpt.set_grad_checkpointing(False)
     assert not ckpt.grad_checkpointing and not activation_checkpointing(ckpt)
+
+
+def test_registration_survives_a_find_spec_probe_before_timm_is_imported():
+    """Libraries probe importlib.util.find_spec("timm") without importing it; the hook must stay."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.util, recurvit; importlib.util.find_spec('timm'); import timm; "
+            "assert 'bvit_small_patch16_224' in timm.list_models('bvit*'), timm.list_models('bvit*')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr

@@ -19,8 +19,9 @@ def add_parser(sub):
                    help="optional YAML config, then dotted overrides such as train.epochs=5 model.steps=8")
     p.add_argument("--out", type=Path, help="run directory (default runs/<data>-<model>-<time>)")
     p.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                   help="continue a run from its last.pt; key=value overrides of train.* apply from there (the "
-                        "optimizer and schedule follow them), overrides of the model or data are refused")
+                   help="continue a run from its last.pt; key=value overrides of train.* (and data.root, "
+                        "data.num_workers) apply from there, the optimizer and schedule following them; the model, "
+                        "the data, train.seed, train.batch_size and per-stage heads cannot change")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.add_argument("--force", action="store_true", help="start even when the memory estimate says it will not fit")
     p.add_argument("--json", action="store_true", help="print the final metrics as JSON (no per-epoch lines)")

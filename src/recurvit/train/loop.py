@@ -117,8 +117,7 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
             step_loss, step_correct, step_n = None, None, b
         if not torch.isfinite(loss if step_loss is None else torch.tensor(step_loss)):
             value = loss.item() if step_loss is None else step_loss
-            raise UserError(f"training diverged (loss={value}) at epoch {epoch + 1}; lower train.lr, or clip harder "
-                            "with a smaller train.grad_clip (e.g. 0.5), and --resume the run with it")
+            raise UserError(f"training diverged (loss={value}) at epoch {epoch + 1}; {divergence_advice(tc)}")
         optimizer_step(model, opt, sched, loss, tc.grad_clip)
         if step_loss is None:
             n += b
@@ -181,6 +180,13 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
                 if "allocate" not in str(e):
                     raise
                 raise _out_of_memory(cfg, e) from None
+
+
+def divergence_advice(tc) -> str:
+    """What to change after a diverged step: a lower lr, and clipping on (or harder)."""
+    clip = ("set train.grad_clip (e.g. 1.0) to clip gradients" if tc.grad_clip == 0
+            else f"clip harder with a smaller train.grad_clip (now {tc.grad_clip:g})")
+    return f"lower train.lr (now {tc.lr:g}) or {clip}, then --resume the run with the new value"
 
 
 def check_train_config(cfg: RunConfig) -> None:

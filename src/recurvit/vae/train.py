@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..train import checkpoint as ckpt_io
+from ..train.loop import divergence_advice
 from ..train.optim import build_optimizer, build_scheduler, follow_config, optimizer_step
 from ..train.resume import check_resume, config_changes
 from ..train.rundir import RunDir, open_run
@@ -184,8 +185,7 @@ def _train_one_epoch(model, loader, opt, sched, device, cfg: VAERunConfig, epoch
             loss = loss + tc.adv.weight * g
             sums["g_adv"] += g.item() * len(x)
         if not torch.isfinite(loss):
-            raise UserError(f"training diverged (loss={loss.item()}) at epoch {epoch + 1}; lower train.lr, or clip "
-                            "harder with a smaller train.grad_clip, and --resume the run with it")
+            raise UserError(f"training diverged (loss={loss.item()}) at epoch {epoch + 1}; {divergence_advice(tc)}")
         optimizer_step(model, opt, sched, loss, tc.grad_clip)
         if adv_on:
             d = d_hinge_loss(disc(x), disc(xr.detach()))
