@@ -386,3 +386,20 @@ def test_batch_transform_off_and_invalid():
     assert build_batch_transform(DataConfig(), num_classes=10) is None
     with pytest.raises(UserError, match="mixup_alpha"):
         build_batch_transform(DataConfig(mixup_alpha=-0.1), num_classes=10)
+
+
+def test_evaluation_builds_the_test_split_alone(tmp_path):
+    """with_train=False: no train set (and for imagefolder the train folder is not even scanned)."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (tmp_path / split / c).mkdir(parents=True)
+            Image.new("RGB", (8, 8), (10, 20, 30)).save(tmp_path / split / c / "x.png")
+    (tmp_path / "train" / "a" / "broken.png").write_text("not an image")  # would fail if train/ were read
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), img_size=8)
+    train, test, info = build_datasets(cfg, with_train=False)
+    assert train is None and len(test) == 2 and info.num_classes == 2
+    full_train, full_test, _ = build_datasets(DataConfig(name="digits"))
+    train, test, _ = build_datasets(DataConfig(name="digits"), with_train=False)
+    assert train is None and torch.equal(test[0][0], full_test[0][0])  # same normalisation

@@ -62,7 +62,7 @@ def run(args) -> int:
         raise UserError(f"--mlp-slices must be in 1..{model.blocks[0].mlp.fc1.out_features}, got {args.mlp_slices}")
     device = pick_device(args.device)
     model.to(device)
-    _, test_set, _ = build_datasets(cfg.data)
+    _, test_set, _ = build_datasets(cfg.data, with_train=False)
     n = min(args.images, len(test_set))
     idx = torch.randperm(len(test_set), generator=torch.Generator().manual_seed(0))[:n].sort().values
     items = [test_set[int(i)] for i in idx]

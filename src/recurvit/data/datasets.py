@@ -194,7 +194,7 @@ def load_fashion_mnist(root: str | os.PathLike) -> tuple[np.ndarray, np.ndarray,
     return out[0], out[1], out[2], out[3]
 
 
-def load_cifar(name: str, root: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def load_cifar(name: str, root: str | os.PathLike, with_train: bool = True) -> tuple:
     """CIFAR-10/100 through torchvision (download=False, md5-checked) -> uint8 (N, 32, 32, 3), int64 labels.
 
     `root` holds the extracted folder or the official .tar.gz, which is then extracted into `root`
@@ -212,7 +212,7 @@ def load_cifar(name: str, root: str | os.PathLike) -> tuple[np.ndarray, np.ndarr
         safe_extract_tar(archive, root)
     files = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
     try:
-        train = cls(root, train=True, download=False)
+        train = cls(root, train=True, download=False) if with_train else None
         test = cls(root, train=False, download=False)
     except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, ValueError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -221,8 +221,8 @@ def load_cifar(name: str, root: str | os.PathLike) -> tuple[np.ndarray, np.ndarr
             f" {', '.join(files)}"
         ) from None
     return (
-        np.asarray(train.data, dtype=np.uint8),
-        np.asarray(train.targets, dtype=np.int64),
+        np.asarray(train.data, dtype=np.uint8) if train is not None else None,
+        np.asarray(train.targets, dtype=np.int64) if train is not None else None,
         np.asarray(test.data, dtype=np.uint8),
         np.asarray(test.targets, dtype=np.int64),
     )
@@ -289,8 +289,9 @@ def _in_memory(
     num_classes: int,
     stats: Optional[tuple[tuple[float, ...], tuple[float, ...]]] = None,
 ) -> tuple[Dataset, Dataset, DatasetInfo]:
-    """Wrap uint8 NCHW tensors with the configured transforms; stats None: computed from the train images."""
-    native, chans = int(train[0].shape[-1]), int(train[0].shape[1])
+    """Wrap uint8 NCHW tensors with the configured transforms; stats None: computed from the train images.
+    ``train`` None (an evaluation that needs the test split only, with ``stats`` given): no train set."""
+    native, chans = int(test[0].shape[-1]), int(test[0].shape[1])
     if cfg.randaugment and chans not in (1, 3):
         raise UserError(f"data.randaugment needs 1- or 3-channel images; {cfg.name} has {chans} channels")
     size = int(cfg.img_size or native)
@@ -299,10 +300,11 @@ def _in_memory(
     train_tf = T.tensor_train_transform(size, native, mean, std, padding, hflip, bool(cfg.randaugment))
     test_tf = T.tensor_test_transform(size, native, mean, std)
     info = DatasetInfo(cfg.name, size, chans, num_classes, tuple(mean), tuple(std))
-    return TensorImageDataset(*train, transform=train_tf), TensorImageDataset(*test, transform=test_tf), info
+    train_set = TensorImageDataset(*train, transform=train_tf) if train is not None else None
+    return train_set, TensorImageDataset(*test, transform=test_tf), info
 
 
-def _image_folder(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
+def _image_folder(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Dataset, DatasetInfo]:
     if not cfg.root:
         raise UserError("data.name=imagefolder needs data.root=DIR with train/<class>/* and val/<class>/* images")
     root = Path(cfg.root).expanduser()
@@ -317,13 +319,17 @@ def _image_folder(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
     test_tf = T.folder_test_transform(size, mean, std)
     skip = bool(cfg.skip_bad_images)
     try:
-        train = CheckedImageFolder(dirs["train"], transform=train_tf, skip_bad=skip)
         test = CheckedImageFolder(dirs["val"], transform=test_tf, skip_bad=skip)
+        # an evaluation reads val/ only (scanning an ImageNet-sized train/ costs minutes)
+        train = CheckedImageFolder(dirs["train"], transform=train_tf, skip_bad=skip) if with_train else None
     except (FileNotFoundError, OSError) as e:
         raise UserError(f"imagefolder under {root}: {str(e).splitlines()[0]}") from None
     for split, ds in (("train", train), ("val", test)):
-        if ds.skipped and len(ds) == 0:
+        if ds is not None and ds.skipped and len(ds) == 0:
             raise UserError(f"imagefolder: none of the {len(ds.skipped)} images in {dirs[split]} can be read")
+    if train is None:
+        info = DatasetInfo(cfg.name, size, 3, len(test.classes), mean, std, len(test.skipped), ())
+        return None, test, info
     if train.classes != test.classes:
         raise UserError(
             f"imagefolder: {dirs['train']} has {len(train.classes)} classes but {dirs['val']} has"
@@ -339,16 +345,22 @@ def _image_folder(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
 
 
 def build_datasets(
-    cfg: DataConfig, log: Optional[Callable[[str], object]] = None
+    cfg: DataConfig, log: Optional[Callable[[str], object]] = None, with_train: bool = True
 ) -> tuple[Dataset, Dataset, DatasetInfo]:
     """(train set with augmentation, test set without, info) for a DataConfig.
+
+    ``with_train=False`` (evaluation): the train set is None and not built where the test split
+    does not need it (CIFAR, imagefolder); digits and Fashion-MNIST still read their training
+    images, whose mean / std normalise the test images.
 
     Items are (float32 CxHxW normalised tensor, int label). `info.notes` (e.g. how many unreadable
     images were left out) go to `log`, or without one to the "recurvit.data" logger as warnings
     (printed on stderr when logging is not configured).
     """
-    train, test, info = _build(cfg)
-    if cfg.holdout:  # train on the rest; the held-out part is data.calibration.holdout_split's
+    train, test, info = _build(cfg, with_train)
+    if not with_train:
+        train = None
+    elif cfg.holdout:  # train on the rest; the held-out part is data.calibration.holdout_split's
         from torch.utils.data import Subset
 
         from .calibration import holdout_indices
@@ -359,7 +371,7 @@ def build_datasets(
     return train, test, info
 
 
-def _build(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
+def _build(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Dataset, DatasetInfo]:
     _check_cfg(cfg)
     name = cfg.name
     if name == "digits":
@@ -369,12 +381,13 @@ def _build(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
         xtr, ytr, xte, yte = load_fashion_mnist(cfg.root or FASHION_MNIST_ROOT)
         return _in_memory(cfg, (_to_nchw(xtr), torch.from_numpy(ytr)), (_to_nchw(xte), torch.from_numpy(yte)), 10)
     if name in CIFAR_CLASSES:
-        xtr, ytr, xte, yte = load_cifar(name, cfg.root or CIFAR_ROOT)
+        xtr, ytr, xte, yte = load_cifar(name, cfg.root or CIFAR_ROOT, with_train)
         classes = 10 if name == "cifar10" else 100
-        train, test = (_to_nchw(xtr), torch.from_numpy(ytr)), (_to_nchw(xte), torch.from_numpy(yte))
+        train = (_to_nchw(xtr), torch.from_numpy(ytr)) if xtr is not None else None
+        test = (_to_nchw(xte), torch.from_numpy(yte))
         return _in_memory(cfg, train, test, classes, CIFAR_STATS[name])
     if name == "imagefolder":
-        return _image_folder(cfg)
+        return _image_folder(cfg, with_train)
     size, chans, classes = cfg.synthetic_size, cfg.synthetic_chans, cfg.synthetic_classes
     train = make_synthetic(cfg.synthetic_train, size, chans, classes, "train")
     test = make_synthetic(cfg.synthetic_test, size, chans, classes, "test")

@@ -99,7 +99,7 @@ def build_test_loader(cfg: RunConfig) -> Tuple[DataLoader, object]:
     """(test loader, data info) for the evaluation commands."""
     from ..data import build_datasets
 
-    _, test_set, info = build_datasets(cfg.data)
+    _, test_set, info = build_datasets(cfg.data, with_train=False)
     loader = DataLoader(test_set, batch_size=max(256, cfg.train.batch_size), shuffle=False,
                         num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available())
     return loader, info
