@@ -136,7 +136,7 @@ def target_config(src_cfg: RunConfig, data: str, overrides: List[str]) -> RunCon
 def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optional[float] = None,
              overrides: Optional[List[str]] = None, out: Optional[Path] = None, log=print) -> Dict[str, Any]:
     """Fine-tune run ``src`` on data set ``data`` with ``method`` into run directory ``out``."""
-    from .loop import check_train_config
+    from .checks import check_train_config
     from .rundir import RunDir
     from .runtime import build_loaders, pick_device, seed_everything
 

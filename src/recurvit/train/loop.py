@@ -11,7 +11,6 @@ in backward; bf16 autocast is on by default on CUDA and AdamW is fused there.
 """
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Optional
@@ -25,16 +24,14 @@ from ..errors import UserError
 from . import checkpoint as ckpt_io
 from . import distributed as dist_io
 from .budget import check_param_memory, check_train_memory
+from .checks import check_train_config, divergence_advice, out_of_memory
 from .losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
 from .optim import build_optimizer, build_scheduler, follow_config, optimizer_step
 from .resume import check_resume, config_changes
 from .rundir import RunDir, open_run
-from .tensorboard import EpochWriter, require_tensorboard
+from .tensorboard import EpochWriter
 from .runtime import (autocast, build_loaders, pick_device, resolve_model_config, seed_everything, set_epoch,
                       show_progress)
-
-MAX_COUNT = 10**9  # bound on epochs / batch size: larger values are a mistake, not a plan
-
 
 # ------------------------------------------------------------------------------ evaluation
 @torch.no_grad()
@@ -175,38 +172,11 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
             try:
                 return _train(cfg, run, resume, log, stop_after, env, tb, force)
             except (torch.OutOfMemoryError, MemoryError) as e:
-                raise _out_of_memory(cfg, e) from None
+                raise out_of_memory(cfg, e) from None
             except RuntimeError as e:
                 if "allocate" not in str(e):
                     raise
-                raise _out_of_memory(cfg, e) from None
-
-
-def divergence_advice(tc) -> str:
-    """What to change after a diverged step: a lower lr, and clipping on (or harder)."""
-    clip = ("set train.grad_clip (e.g. 1.0) to clip gradients" if tc.grad_clip == 0
-            else f"clip harder with a smaller train.grad_clip (now {tc.grad_clip:g})")
-    return f"lower train.lr (now {tc.lr:g}) or {clip}, then --resume the run with the new value"
-
-
-def check_train_config(cfg: RunConfig) -> None:
-    """Values torch would reject with a traceback: one clear line instead."""
-    t = cfg.train
-    if not (math.isfinite(t.lr) and t.lr > 0):
-        raise UserError(f"train.lr must be a positive number, got {t.lr}")
-    for key in ("epochs", "batch_size"):
-        if getattr(t, key) < 1:
-            raise UserError(f"train.{key} must be >= 1, got {getattr(t, key)}")
-        if getattr(t, key) > MAX_COUNT:
-            raise UserError(f"train.{key} must be <= {MAX_COUNT:,}, got {getattr(t, key)}")
-    if t.weight_decay < 0 or t.grad_clip < 0 or not 0 <= t.label_smoothing < 1:
-        raise UserError("train.weight_decay and train.grad_clip must be >= 0, train.label_smoothing in [0, 1)")
-    if t.supervision.stages < 1:
-        raise UserError("train.supervision.stages must be >= 1")
-    if t.eval_every < 1:
-        raise UserError(f"train.eval_every must be >= 1, got {t.eval_every}")
-    if t.tensorboard:
-        require_tensorboard()
+                raise out_of_memory(cfg, e) from None
 
 
 def _quiet(*args, **kwargs) -> None:
@@ -309,14 +279,6 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
 def build_model(cfg: RunConfig, device: torch.device) -> nn.Module:
     """The run's model on ``device``."""
     return ckpt_io.build_model_from_config(cfg).to(device)
-
-
-def _out_of_memory(cfg: RunConfig, e: BaseException) -> UserError:
-    """An allocation that failed anyway: one line naming the settings that size the run."""
-    m, t = cfg.model, cfg.train
-    return UserError(f"out of memory ({str(e).splitlines()[0][:100]}) with model {m.name} embed_dim={m.embed_dim} "
-                     f"depth={m.depth} steps={m.steps} and train.batch_size={t.batch_size}; make one of them smaller "
-                     "or set train.activation_checkpointing=true")
 
 
 def _speed_and_scale(model: nn.Module, cfg: RunConfig, device: torch.device,

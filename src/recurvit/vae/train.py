@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..train import checkpoint as ckpt_io
-from ..train.loop import divergence_advice
+from ..train.checks import divergence_advice
 from ..train.optim import build_optimizer, build_scheduler, follow_config, optimizer_step
 from ..train.resume import check_resume, config_changes
 from ..train.rundir import RunDir, open_run
