@@ -1,0 +1,283 @@
+"""The README's findings: each claim of the seed abstracts against the study that measures it here,
+with the number that decides it.
+
+    python scripts/findings.py          # reads results/*/results.csv (and results/anytime*), writes results/findings.md
+    python scripts/findings.py --check  # CI: fails when findings.md is out of date
+
+Nothing here trains or evaluates: it reads the committed results files of ``recurvit study`` and
+``experiments/anytime.py``. The rules were fixed before the results were read (``RULES`` below):
+a claim that a difference has a sign is "reproduced" when the 95% Welch interval of the difference
+(over seeds) lies on that side of zero, "not reproduced" when it lies on the other side, and "not
+separable at this scale" otherwise; a claim that something does NOT improve is reproduced unless
+the gain is significant. A claim whose study has not produced its results file yet says so and
+names the command that produces it.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+RESULTS = ROOT / "results"
+
+from recurvit.study.stats import fmt_p, mean_ci, welch  # noqa: E402
+
+NEAR_CHANCE = 0.05   # "near-random": within 5 points of chance
+COMPETITIVE_DB = 1.0  # "competitive PSNR": the shared model is at most 1 dB below its unshared twin
+RULES = (f"Verdicts (rules fixed before reading the results): a signed claim is **reproduced** when the 95% "
+         "Welch interval of the difference over seeds lies on the claimed side of zero, **not reproduced** when "
+         "it lies on the other side, **not separable at this scale** otherwise; a claim of no gain is reproduced "
+         f"unless the gain is significant; \"near-random\" means within {NEAR_CHANCE * 100:g} points of chance "
+         f"(the interval's upper end), \"competitive\" PSNR at most {COMPETITIVE_DB:g} dB below (the interval's "
+         "lower end).")
+Row = Dict[str, str]
+
+
+def load(name: str) -> Optional[List[Row]]:
+    path = RESULTS / name / "results.csv"
+    if not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def values(rows: List[Row], key: str, **where: str) -> List[float]:
+    out = []
+    for r in rows:
+        if all(r.get(k) == v for k, v in where.items()) and r.get(key) not in (None, ""):
+            out.append(float(r[key]))
+    return out
+
+
+def one_sample(vals: Sequence[float]) -> Dict[str, float]:
+    """Mean of per-run differences, its 95% t-interval and the one-sample t-test p-value (against 0)."""
+    from scipy import stats
+
+    m = mean_ci(vals)
+    if m["n"] < 2:
+        return {"diff": math.nan, "lo": math.nan, "hi": math.nan, "p": math.nan}
+    p = float(stats.ttest_1samp(vals, 0.0).pvalue) if m["std"] > 0 else (0.0 if m["mean"] else 1.0)
+    return {"diff": m["mean"], "lo": m["mean"] - m["ci"], "hi": m["mean"] + m["ci"], "p": p}
+
+
+def signed(w: Dict[str, float], sign: int) -> str:
+    if math.isnan(w["diff"]):
+        return "not measured (fewer than 2 seeds)"
+    lo, hi = (w["lo"], w["hi"]) if sign > 0 else (-w["hi"], -w["lo"])
+    return "reproduced" if lo > 0 else "not reproduced" if hi < 0 else "not separable at this scale"
+
+
+def no_gain(w: Dict[str, float]) -> str:
+    if math.isnan(w["diff"]):
+        return "not measured (fewer than 2 seeds)"
+    return "not reproduced" if w["lo"] > 0 else "reproduced"
+
+
+def diff_text(label: str, w: Dict[str, float], scale: float = 100.0, unit: str = "points") -> str:
+    return (f"{label}: {w['diff'] * scale:+.2f} {unit} [{w['lo'] * scale:+.2f}, {w['hi'] * scale:+.2f}], "
+            f"p = {fmt_p(w['p'])}")
+
+
+# ----------------------------------------------------------------------------- the claims
+def matched_flops(rows):  # Crossroads (i): ViTs preferable when FLOPs are the constraint
+    w = welch(values(rows, "acc_T", regime="vit_matched_flops"), values(rows, "acc_T", regime="naive"))
+    return diff_text("ViT (matched FLOPs) − bViT, acc@T", w), signed(w, +1)
+
+
+def matched_params(rows):  # Crossroads (i): recurrent ViTs better under memory constraints
+    w = welch(values(rows, "acc_T", regime="naive"), values(rows, "acc_T", regime="vit_matched_params"))
+    return diff_text("bViT − ViT (matched parameters), acc@T", w), signed(w, +1)
+
+
+def ds_nominal(rows):  # Crossroads (iii): deep supervision does not improve nominal accuracy
+    w = welch(values(rows, "acc_T", regime="ds3"), values(rows, "acc_T", regime="naive"))
+    return diff_text("deep supervision (3 stages) − naive, acc@T", w), no_gain(w)
+
+
+def ds_beyond(rows):  # Crossroads (iii): deep supervision degrades gracefully far beyond the horizon
+    w = welch(values(rows, "acc_16T", regime="ds3"), values(rows, "acc_16T", regime="naive"))
+    return diff_text("deep supervision (3 stages) − naive, acc@16T", w), signed(w, +1)
+
+
+def naive_collapse(rows):  # Crossroads (iii): naive recurrence collapses to near-random far beyond T
+    acc = mean_ci(values(rows, "acc_16T", regime="naive"))
+    chance = values(rows, "chance", regime="naive")
+    if acc["n"] < 2 or not chance:
+        return "acc@16T not measured", "not measured"
+    lo, hi, c = acc["mean"] - acc["ci"], acc["mean"] + acc["ci"], chance[0]
+    verdict = ("reproduced" if hi <= c + NEAR_CHANCE else "not reproduced" if lo > c + NEAR_CHANCE
+               else "not separable at this scale")
+    return (f"naive acc@16T {acc['mean'] * 100:.1f}% [{lo * 100:.1f}, {hi * 100:.1f}] against chance "
+            f"{c * 100:.0f}%"), verdict
+
+
+def black_box(rows):  # Crossroads: the black-box field dz/dt = F(z) costs a few points
+    w = welch(values(rows, "acc_T", regime="ode_euler"), values(rows, "acc_T", regime="ode_blackbox"))
+    return diff_text("state-subtracted − black-box field (Euler), acc@T, 3 epochs", w), signed(w, +1)
+
+
+def solver_bias(rows):  # Crossroads (ii): solver order is an architectural bias, not refinement
+    refine, cross = [], []
+    for r in rows:
+        own = float(r["acc_T"])
+        if r.get("variant_refine_h/4"):
+            refine.append(float(r["variant_refine_h/4"]) - own)
+        for m in ("euler", "midpoint", "heun3", "rk4"):
+            v = r.get(f"variant_eval_{m}")
+            if v and m != r["solver"]:
+                cross.append(float(v) - own)
+    wr, wc = one_sample(refine), one_sample(cross)
+    text = (diff_text("refined at h/4 − as trained (same field)", wr) + "; "
+            + diff_text("evaluated with another solver − as trained", wc))
+    bias = signed(wc, -1) == "reproduced" and no_gain(wr) == "reproduced"
+    return text, ("reproduced" if bias else "not reproduced" if signed(wr, +1) == "reproduced"
+                  else "not separable at this scale")
+
+
+def solver_order(rows):  # Crossroads (ii): the gains of higher-order solvers are not uniform
+    ws = {m: welch(values(rows, "acc_T", solver=m), values(rows, "acc_T", solver="euler"))
+          for m in ("midpoint", "heun3", "rk4")}
+    text = "; ".join(diff_text(f"{m} − euler, acc@T", w) for m, w in ws.items())
+    if any(math.isnan(w["diff"]) for w in ws.values()):
+        return text, "not measured (fewer than 2 seeds)"
+    # uniform gains: every higher order significantly ahead of Euler
+    return text, "not reproduced" if all(w["lo"] > 0 for w in ws.values()) else "reproduced"
+
+
+def width(rows):  # bViT: wider bViTs recover much more of the ViT's performance
+    def gaps(w: str) -> List[float]:
+        vit = {r["train.seed"]: float(r["acc_T"]) for r in rows if r["width"] == w and r["model"] == "vit_tiny"}
+        bvit = {r["train.seed"]: float(r["acc_T"]) for r in rows if r["width"] == w and r["model"] == "bvit_tiny"}
+        return [vit[s] - bvit[s] for s in sorted(vit.keys() & bvit.keys())]
+    widths = sorted({r["width"] for r in rows}, key=lambda w: int(w.lstrip("w")))
+    narrow, wide = widths[0], widths[-1]
+    w = welch(gaps(narrow), gaps(wide))
+    return diff_text(f"gap (ViT − bViT, same seed) at {narrow} − gap at {wide}", w), signed(w, +1)
+
+
+def softmor_gain(rows):  # SR-ViT: accuracy rises with recursion depth r (SoftMoR, the paper-sized router)
+    w = welch(values(rows, "acc_T", variant="r4_query"), values(rows, "acc_T", variant="r1"))
+    return diff_text("SoftMoR r = 4 (query router) − r = 1, acc@T", w), signed(w, +1)
+
+
+def plain_recursion(rows):  # SR-ViT: simply increasing recursion depth does not reliably improve
+    w = welch(values(rows, "acc_T", variant="r4_last"), values(rows, "acc_T", variant="r1"))
+    return diff_text("plain recursion r = 4 − r = 1, acc@T", w), no_gain(w)
+
+
+def softmor_vs_plain(rows):  # SR-ViT: mixing all steps beats passing the last one on
+    w = welch(values(rows, "acc_T", variant="r4_query"), values(rows, "acc_T", variant="r4_last"))
+    return diff_text("SoftMoR (query) − plain recursion at r = 4, acc@T", w), signed(w, +1)
+
+
+def vae_sharing(rows):  # LoopVAE: competitive PSNR under global sharing (transformer ablation)
+    w = welch(values(rows, "psnr", variant="transformer_shared"), values(rows, "psnr", variant="transformer_unshared"))
+    if math.isnan(w["diff"]):
+        return "PSNR not measured", "not measured"
+    verdict = ("reproduced" if w["lo"] >= -COMPETITIVE_DB else "not reproduced" if w["hi"] < -COMPETITIVE_DB
+               else "not separable at this scale")
+    return diff_text("shared − unshared transformer core, PSNR", w, 1.0, "dB"), verdict
+
+
+TARGET = {"drop_points": 0.5, "steps_pct_T": 60.0, "speedup": 1.4}  # issue 15 (experiments/anytime.py)
+
+
+def anytime(name: str, kind: str) -> Optional[Tuple[str, str]]:
+    """The best exit criterion of a run kind (most speedup among those within the target drop) and
+    whether its means meet the target of issue 15 (``anytime``), or whether adaptive depth past T
+    is more accurate than fixed T (``anytime_beyond``)."""
+    cells: Dict[str, List[dict]] = {}
+    for p in sorted((RESULTS / name / "runs").glob(f"{kind}__seed=*/*/exit.json")):
+        cells.setdefault(p.parent.name, []).append(json.loads(p.read_text())["test"])
+    if not cells:
+        return None
+    stats = {c: {k: mean_ci([t[k] for t in ts]) for k in ("drop_points", "steps_pct_T", "speedup")}
+             for c, ts in cells.items()}
+    if name == "anytime_beyond":  # the most accurate criterion, and is it above fixed T?
+        best = min(stats, key=lambda c: stats[c]["drop_points"]["mean"])
+        w = one_sample([-t["drop_points"] / 100 for t in cells[best]])
+        return (f"{kind}, {best}: " + diff_text("adaptive (≤ 2T) − fixed T", w)
+                + f", {stats[best]['steps_pct_T']['mean']:.0f}% of T's steps"), signed(w, +1)
+    best = max(stats, key=lambda c: (stats[c]["drop_points"]["mean"] <= TARGET["drop_points"],
+                                     stats[c]["speedup"]["mean"]))
+    s = stats[best]
+    missed = [k for k, ok in (("drop", s["drop_points"]["mean"] <= TARGET["drop_points"]),
+                              ("steps", s["steps_pct_T"]["mean"] <= TARGET["steps_pct_T"]),
+                              ("speedup", s["speedup"]["mean"] >= TARGET["speedup"])) if not ok]
+    return (f"{kind}, best criterion {best}: drop {s['drop_points']['mean']:+.2f} ± {s['drop_points']['ci']:.2f} "
+            f"points, {s['steps_pct_T']['mean']:.0f}% of T's steps, {s['speedup']['mean']:.2f}x "
+            f"± {s['speedup']['ci']:.2f} measured speedup (n = {len(cells[best])})"), \
+        ("target met (means)" if not missed else "target missed: " + ", ".join(missed))
+
+
+CLAIMS: List[Tuple[str, str, str, Callable]] = [
+    ("Crossroads", "standard ViTs remain preferable when FLOPs are the constraint", "fashion_converged", matched_flops),
+    ("Crossroads", "recurrent ViTs offer a better accuracy–parameter trade-off", "fashion_converged", matched_params),
+    ("Crossroads", "deep supervision does not improve nominal accuracy", "fashion_converged", ds_nominal),
+    ("Crossroads", "deep supervision degrades gracefully far beyond the horizon", "fashion_converged", ds_beyond),
+    ("Crossroads", "naive recurrence collapses to near-random far beyond the horizon", "fashion_converged",
+     naive_collapse),
+    ("Crossroads", "the black-box field dz/dt = F(z) costs a few accuracy points", "fashion_mnist_crossroads",
+     black_box),
+    ("Crossroads", "solver order acts as an architectural bias, not numerical refinement", "fashion_solver",
+     solver_bias),
+    ("Crossroads", "the gains of higher-order solvers are not uniform", "fashion_solver", solver_order),
+    ("bViT", "wider bViTs recover much more of the ViT's performance", "fashion_width", width),
+    ("SR-ViT", "SoftMoR improves as recursion depth increases (r = 1 → 4)", "fashion_softmor", softmor_gain),
+    ("SR-ViT", "simply increasing recursion depth does not reliably improve performance", "fashion_softmor",
+     plain_recursion),
+    ("SR-ViT", "mixing every recursion step beats passing on the last", "fashion_softmor", softmor_vs_plain),
+    ("LoopVAE", "competitive PSNR under global sharing (transformer core)", "loopvae", vae_sharing),
+]
+COMMANDS = {"fashion_converged": "studies/fashion_converged.yaml", "fashion_mnist_crossroads": "studies/fashion_crossroads.yaml",
+            "fashion_solver": "studies/fashion_solver.yaml", "fashion_width": "studies/fashion_width.yaml",
+            "fashion_softmor": "studies/fashion_softmor.yaml", "loopvae": "studies/loopvae.yaml"}
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    global RESULTS
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", type=Path, default=RESULTS, help="folder of the study results (default: results/)")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 when findings.md differs from what the results files give (CI)")
+    args = ap.parse_args(list(argv))
+    RESULTS = args.results
+    lines = ["Generated by `python scripts/findings.py` from the committed results files; do not edit by hand.", "",
+             RULES, "", "| source | claim | study (Fashion-MNIST unless named) | deciding figure | verdict |",
+             "|---|---|---|---|---|"]
+    for source, claim, study, fn in CLAIMS:
+        rows = load(study)
+        if rows is None:
+            text, verdict = f"`recurvit study {COMMANDS[study]}` has not reported yet", "not measured yet"
+        else:
+            text, verdict = fn(rows)
+        link = f"[{study}](results/{study}/report.md)" if rows is not None else study
+        lines.append(f"| {source} | {claim} | {link} | {text} | **{verdict}** |")
+    for name, title in (("anytime", "exit early at no more than 0.5 points of accuracy (target: ≤ 60% of T's "
+                                    "steps, ≥ 1.4x images/s)"),
+                        ("anytime_beyond", "past the horizon (up to 2T): adaptive depth beyond T")):
+        for kind in ("ds3", "random_depth", "vit_ds6_heads", "naive"):
+            got = anytime(name, kind)
+            if got:
+                lines.append(f"| recurvit (issue 15) | {title} | [{name}](results/{name}/report.md) | {got[0]} | "
+                             f"**{got[1]}** |")
+    out, text = RESULTS / "findings.md", "\n".join(lines) + "\n"
+    if args.check:
+        if not out.is_file() or out.read_text() != text:
+            print(f"{out} is out of date: run python scripts/findings.py")
+            return 1
+        print(f"{out} up to date")
+        return 0
+    out.write_text(text)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

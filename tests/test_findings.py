@@ -1,0 +1,82 @@
+"""scripts/findings.py: the README's verdict per seed claim follows its fixed rules, read from
+results files written in the format `recurvit study` writes."""
+import csv
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("findings", ROOT / "scripts" / "findings.py")
+findings = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(findings)
+
+
+def write(folder: Path, rows):
+    folder.mkdir(parents=True)
+    with open(folder / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def converged(acc: dict, acc16: dict, chance=0.1):
+    return [{"run_id": f"{g}__seed={s}", "regime": g, "train.seed": s, "acc_T": a + 0.01 * s,
+             "acc_16T": acc16[g] + 0.01 * s, "chance": chance} for g, a in acc.items() for s in range(3)]
+
+
+def verdicts(tmp_path):
+    assert findings.main(["--results", str(tmp_path)]) == 0
+    text = (tmp_path / "findings.md").read_text()
+    assert findings.main(["--results", str(tmp_path), "--check"]) == 0
+    return {line.split(" | ")[1]: line.split(" | ")[-1].strip(" |*") for line in text.splitlines()
+            if line.startswith("| ") and " | " in line}
+
+
+def test_signed_claims_follow_the_interval(tmp_path):
+    acc = {"naive": 0.80, "ds3": 0.85, "vit_matched_flops": 0.90, "vit_matched_params": 0.80}
+    write(tmp_path / "fashion_converged", converged(acc, {"naive": 0.11, "ds3": 0.60, "vit_matched_flops": 0,
+                                                          "vit_matched_params": 0}))
+    v = verdicts(tmp_path)
+    assert v["standard ViTs remain preferable when FLOPs are the constraint"] == "reproduced"
+    # equal means with the same seed spread: no side of zero
+    assert v["recurrent ViTs offer a better accuracy–parameter trade-off"] == "not separable at this scale"
+    # a significant nominal gain of deep supervision contradicts "does not improve"
+    assert v["deep supervision does not improve nominal accuracy"] == "not reproduced"
+    assert v["deep supervision degrades gracefully far beyond the horizon"] == "reproduced"
+    assert v["naive recurrence collapses to near-random far beyond the horizon"] == "reproduced"
+    assert v["SoftMoR improves as recursion depth increases (r = 1 → 4)"] == "not measured yet"
+
+
+def test_collapse_far_above_chance_is_not_reproduced(tmp_path):
+    acc = {"naive": 0.80, "ds3": 0.80, "vit_matched_flops": 0.70, "vit_matched_params": 0.80}
+    write(tmp_path / "fashion_converged", converged(acc, {"naive": 0.45, "ds3": 0.45, "vit_matched_flops": 0,
+                                                          "vit_matched_params": 0}))
+    v = verdicts(tmp_path)
+    assert v["naive recurrence collapses to near-random far beyond the horizon"] == "not reproduced"
+    assert v["standard ViTs remain preferable when FLOPs are the constraint"] == "not reproduced"
+    assert v["deep supervision does not improve nominal accuracy"] == "reproduced"
+
+
+def test_width_gap_is_compared_seed_by_seed(tmp_path):
+    rows = []
+    for w, gap in (("w32", 0.10), ("w64", 0.05), ("w192", 0.01)):
+        for s in range(3):
+            b = 0.70 + 0.02 * s
+            rows += [{"run_id": f"{w}/bvit/{s}", "width": w, "model": "bvit_tiny", "train.seed": s, "acc_T": b},
+                     {"run_id": f"{w}/vit/{s}", "width": w, "model": "vit_tiny", "train.seed": s,
+                      "acc_T": b + gap + 0.001 * s}]
+    write(tmp_path / "fashion_width", rows)
+    v = verdicts(tmp_path)
+    assert v["wider bViTs recover much more of the ViT's performance"] == "reproduced"
+    text = (tmp_path / "findings.md").read_text()
+    assert "gap (ViT − bViT, same seed) at w32 − gap at w192: +9.00 points" in text
+
+
+def test_check_fails_when_results_change(tmp_path):
+    write(tmp_path / "fashion_converged", converged({"naive": 0.8, "ds3": 0.8, "vit_matched_flops": 0.8,
+                                                     "vit_matched_params": 0.8},
+                                                    {"naive": 0.1, "ds3": 0.1, "vit_matched_flops": 0,
+                                                     "vit_matched_params": 0}))
+    assert findings.main(["--results", str(tmp_path)]) == 0
+    (tmp_path / "fashion_converged" / "results.csv").write_text(
+        (tmp_path / "fashion_converged" / "results.csv").read_text().replace("0.8,", "0.9,", 1))
+    assert findings.main(["--results", str(tmp_path), "--check"]) == 1
