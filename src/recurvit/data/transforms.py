@@ -52,13 +52,7 @@ def tensor_train_transform(
     steps: list[v2.Transform] = []
     if size != native_size:
         steps.append(v2.Resize((size, size), antialias=True))
-    if padding > 0:
-        steps.append(v2.RandomCrop(size, padding=padding))
-    if hflip:
-        steps.append(v2.RandomHorizontalFlip())
-    if randaugment:
-        steps.append(v2.RandAugment())
-    return v2.Compose(steps + _normalize(mean, std))
+    return v2.Compose(steps + _augment(size, padding, hflip, randaugment) + _normalize(mean, std))
 
 
 def tensor_test_transform(size: int, native_size: int, mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
@@ -74,13 +68,19 @@ def folder_train_transform(
 ) -> v2.Compose:
     """ImageNet-style training pipeline for PIL images: RandomResizedCrop, [pad+crop], [flip], [RandAugment]."""
     steps: list[v2.Transform] = [v2.ToImage(), v2.RandomResizedCrop(size, antialias=True)]
+    return v2.Compose(steps + _augment(size, padding, hflip, randaugment) + _normalize(mean, std))
+
+
+def _augment(size: int, padding: int, hflip: bool, randaugment: bool) -> list:
+    """[pad + random crop] [horizontal flip] [RandAugment], in this order, for both training pipelines."""
+    steps: list[v2.Transform] = []
     if padding > 0:
         steps.append(v2.RandomCrop(size, padding=padding))
     if hflip:
         steps.append(v2.RandomHorizontalFlip())
     if randaugment:
         steps.append(v2.RandAugment())
-    return v2.Compose(steps + _normalize(mean, std))
+    return steps
 
 
 def folder_test_transform(size: int, mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
