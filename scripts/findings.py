@@ -185,6 +185,41 @@ def vae_sharing(rows):  # LoopVAE: competitive PSNR under global sharing (transf
     return diff_text("shared − unshared transformer core, PSNR", w, 1.0, "dB"), verdict
 
 
+# The 3-epoch table (fashion_mnist_crossroads) against the same regimes trained to a plateau (fashion_converged):
+# (comparison, figure, regime a and b in the 3-epoch study, the same in the converged study, claimed sign).
+SURVIVAL = [
+    ("ViT (matched FLOPs) − bViT", "acc_T", ("vit_matched_flops", "naive"), ("vit_matched_flops", "naive")),
+    ("bViT − ViT (matched parameters)", "acc_T", ("naive", "vit_matched_params"), ("naive", "vit_matched_params")),
+    ("deep supervision − naive", "acc_T", ("deep_supervision", "naive"), ("ds3", "naive")),
+    ("deep supervision − naive", "acc_4T", ("deep_supervision", "naive"), ("ds3", "naive")),
+    ("random depth − naive", "acc_T", ("random_depth", "naive"), ("random_depth", "naive")),
+    ("random depth − naive", "acc_4T", ("random_depth", "naive"), ("random_depth", "naive")),
+]
+
+
+def survival() -> List[str]:
+    """Which verdicts of the 3-epoch table survive training to a plateau (issue 13, study 6)."""
+    short, long = load("fashion_mnist_crossroads"), load("fashion_converged")
+    if short is None or long is None:
+        return []
+    lines = ["Which verdicts of the 3-epoch table survive training to a plateau (10 epochs); a verdict here is "
+             "the side of zero the 95% interval lies on (\"none\": it straddles zero):", "",
+             "| comparison | figure | 3 epochs | 10 epochs | survives |", "|---|---|---|---|---|"]
+
+    def side(w: Dict[str, float]) -> str:
+        return "+" if w["lo"] > 0 else "−" if w["hi"] < 0 else "none"
+
+    for label, key, (a3, b3), (a10, b10) in SURVIVAL:
+        w3 = welch(values(short, key, regime=a3), values(short, key, regime=b3))
+        w10 = welch(values(long, key, regime=a10), values(long, key, regime=b10))
+        if math.isnan(w3["diff"]) or math.isnan(w10["diff"]):
+            continue
+        cell = [f"{w['diff'] * 100:+.1f} [{w['lo'] * 100:+.1f}, {w['hi'] * 100:+.1f}] ({side(w)})" for w in (w3, w10)]
+        same = "yes" if side(w3) == side(w10) else "no"
+        lines.append(f"| {label} | {key.replace('acc_', 'acc@')} | {cell[0]} | {cell[1]} | {same} |")
+    return [""] + lines
+
+
 TARGET = {"drop_points": 0.5, "steps_pct_T": 60.0, "speedup": 1.4}  # issue 15 (experiments/anytime.py)
 
 
@@ -267,6 +302,7 @@ def main(argv: Sequence[str] = ()) -> int:
             if got:
                 lines.append(f"| recurvit (issue 15) | {title} | [{name}](results/{name}/report.md) | {got[0]} | "
                              f"**{got[1]}** |")
+    lines += survival()
     out, text = RESULTS / "findings.md", "\n".join(lines) + "\n"
     if args.check:
         if not out.is_file() or out.read_text() != text:

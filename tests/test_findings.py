@@ -80,3 +80,21 @@ def test_check_fails_when_results_change(tmp_path):
     (tmp_path / "fashion_converged" / "results.csv").write_text(
         (tmp_path / "fashion_converged" / "results.csv").read_text().replace("0.8,", "0.9,", 1))
     assert findings.main(["--results", str(tmp_path), "--check"]) == 1
+
+
+def test_survival_table_compares_the_3_epoch_and_plateau_verdicts(tmp_path):
+    short = converged({"naive": 0.78, "deep_supervision": 0.77, "random_depth": 0.72, "vit_matched_flops": 0.85,
+                       "vit_matched_params": 0.70}, {k: 0 for k in ("naive", "deep_supervision", "random_depth",
+                                                                     "vit_matched_flops", "vit_matched_params")})
+    long = converged({"naive": 0.85, "ds3": 0.85, "random_depth": 0.79, "vit_matched_flops": 0.85,
+                      "vit_matched_params": 0.75}, {k: 0 for k in ("naive", "ds3", "random_depth",
+                                                                   "vit_matched_flops", "vit_matched_params")})
+    write(tmp_path / "fashion_mnist_crossroads", short)
+    write(tmp_path / "fashion_converged", long)
+    verdicts(tmp_path)
+    rows = {tuple(line.split(" | ")[:2]): line for line in (tmp_path / "findings.md").read_text().splitlines()
+            if line.startswith("| ") and line.endswith(("| yes |", "| no |"))}
+    assert "(+) | +0.0 [" in rows[("| ViT (matched FLOPs) − bViT", "acc@T")]  # ahead after 3 epochs, tied later
+    assert rows[("| ViT (matched FLOPs) − bViT", "acc@T")].endswith("(none) | no |")
+    assert rows[("| bViT − ViT (matched parameters)", "acc@T")].endswith("(+) | yes |")
+    assert rows[("| random depth − naive", "acc@T")].endswith("(−) | yes |")
