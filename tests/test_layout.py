@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "src" / "recurvit"
-MAX_LINES = 400  # the target is ~350: a file past this does several jobs
+MAX_LINES = 350  # a file past this does several jobs: split it along them
 
 
 def test_no_import_cycle():
