@@ -113,8 +113,9 @@ def naive_collapse(rows):  # Crossroads (iii): naive recurrence collapses to nea
     lo, hi, c = acc["mean"] - acc["ci"], acc["mean"] + acc["ci"], chance[0]
     verdict = ("reproduced" if hi <= c + NEAR_CHANCE else "not reproduced" if lo > c + NEAR_CHANCE
                else "not separable at this scale")
-    return (f"naive acc@16T {acc['mean'] * 100:.1f}% [{lo * 100:.1f}, {hi * 100:.1f}] against chance "
-            f"{c * 100:.0f}%"), verdict
+    seeds = ", ".join(f"{v * 100:.1f}" for v in values(rows, "acc_16T", regime="naive"))
+    return (f"naive acc@16T {acc['mean'] * 100:.1f}% [{lo * 100:.1f}, {hi * 100:.1f}] (seeds: {seeds}) against "
+            f"chance {c * 100:.0f}%"), verdict
 
 
 def black_box(rows):  # Crossroads: the black-box field dz/dt = F(z) costs a few points

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from recurvit.study import load_study, run_study, write_report
+from recurvit.study.runner import collect
 from recurvit.cli import main
 from recurvit.errors import UserError
 
@@ -126,6 +127,9 @@ def test_frontier_16t_columns_intervals_and_reevaluation(tmp_path):
     report = write_report(rows, study, study.results).read_text()
     assert "acc@8T" in report and "acc@16T" in report and "chance level 10.0%" in report
     assert "95% t-interval" in report and "naive − ds2" in report and "Cost:" in report
+    # where each setting sits: on the front, or behind the settings that beat it on both axes
+    placed = [ln for ln in report.splitlines() if ln.startswith(("| naive |", "| ds2 |")) and "front" in ln]
+    assert len(placed) == 2 and any("on the front" in ln for ln in placed)
     for png in ("frontier.png", "acc_vs_epoch.png", "acc_vs_steps.png"):
         assert (study.results / png).stat().st_size > 1000
     with open(study.results / "results.csv") as f:
@@ -136,6 +140,13 @@ def test_frontier_16t_columns_intervals_and_reevaluation(tmp_path):
     rows = run_study(load_study(tmp_path / "f.yaml"), out, progress=False, log=lambda *a: None)
     assert len(rows[0]["horizon_accuracy"]) == 8 and rows[0]["acc_16T"] is None
     assert (out / "runs" / "naive__seed=0" / "last.pt").stat().st_mtime == mtime
+    # ... and keeps what training cost (the time logged with the last epoch), also for a result
+    # written without it (as an older runner did)
+    trained = r["train_seconds"]
+    assert trained > 0 and rows[0]["train_seconds"] == pytest.approx(trained)
+    f = out / "runs" / "naive__seed=0" / "result.json"
+    f.write_text(json.dumps({**json.loads(f.read_text()), "train_seconds": None}))
+    assert collect(out, load_study(tmp_path / "f.yaml"))[0]["train_seconds"] == pytest.approx(trained)
 
 
 def test_a_study_that_changed_a_run_is_refused(tmp_path):

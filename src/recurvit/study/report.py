@@ -137,6 +137,29 @@ def classify_tables(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     return lines
 
 
+def frontier_table(cs: List[Dict[str, Any]]) -> List[str]:
+    """Where each setting sits on the accuracy-robustness frontier (means over seeds): on the front
+    (no other setting is at least as good on both axes and better on one) or behind which settings."""
+    cs = [c for c in cs if not math.isnan(c["acc_T"]["mean"]) and not math.isnan(c["acc_mean_T_4T"]["mean"])]
+    if len(cs) < 2:
+        return []
+
+    def behind(c, key):
+        x, y = c["acc_T"]["mean"], c[key]["mean"]
+        better = [o["cell"] for o in cs if o is not c and not math.isnan(o[key]["mean"])
+                  and o["acc_T"]["mean"] >= x and o[key]["mean"] >= y
+                  and (o["acc_T"]["mean"] > x or o[key]["mean"] > y)]
+        return "on the front" if not better else "behind " + ", ".join(better)
+
+    lines = ["The accuracy-robustness frontier (means over seeds; a setting is on the front when no other is at "
+             "least as accurate at T and beyond the horizon, and better on one; the 95% intervals of this report say which "
+             "differences the seeds separate):", ""]
+    body = [[c["cell"], fmt_ci(c["acc_T"]), fmt_ci(c["acc_mean_T_4T"]), fmt_ci(c["acc_16T"]),
+             behind(c, "acc_mean_T_4T"), behind(c, "acc_16T") if not math.isnan(c["acc_16T"]["mean"]) else "-"]
+            for c in cs]
+    return lines + _table(["setting", "acc@T", "mean T..4T", "acc@16T", "T vs mean T..4T", "T vs 16T"], body) + [""]
+
+
 def vae_tables(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     axes = study.cell_axes()
     head = axes + ["model", "core", "params (stored)", "MFLOPs/img", "block apps", "PSNR dB", "SSIM", "ms/img",
@@ -208,6 +231,8 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
                   "to 4T; Δ last 20% epochs = change of the first seed's test accuracy over its last 20% of epochs "
                   "(a plateau is near 0).", ""]
         lines += classify_tables(cs, study)
+        if study.frontier:
+            lines += frontier_table(cs)
     else:
         chance = math.nan
         lines += [f"{len(rows)} runs; seeds {seeds}; PSNR / SSIM / ms per image as mean ± half-width of the 95% "

@@ -78,7 +78,10 @@ def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str
         variants[name] = {"acc_T": ev["accuracy"], "nfe": other.nfe}
     acct = account(model.cpu(), memory=False)
     mc = model.cfg
-    curve = [m.get("test_acc") for m in RunDir(out, created=False, owner=False).read_metrics()]
+    logged = RunDir(out, created=False, owner=False).read_metrics()
+    curve = [m.get("test_acc") for m in logged]
+    if logged and metrics.get("train_seconds") is None:  # a finished run re-evaluated: its logged cost
+        metrics = {**logged[-1], **{k: v for k, v in metrics.items() if v is not None}}
     return {
         "model": cfg.model.name, "core": mc.core, "runs_as": mc.core_cls.describe(mc),
         "shares_blocks": mc.core_cls.shares_blocks, "embed_dim": mc.embed_dim, "depth": mc.depth, "steps": T,
@@ -209,7 +212,7 @@ def _is_done(rd: Path, study: Study, overrides: List[str]) -> Optional[Dict[str,
     f = rd / "result.json"
     if not f.is_file():
         return None
-    res = json.loads(f.read_text())
+    res = _with_training_cost(rd, json.loads(f.read_text()))
     if res.get("eval", {"max_steps_factor": res.get("max_steps_factor", 4), "variants": {}}) != study.eval_spec:
         return None  # re-evaluate (the checkpoint stays; training is not repeated)
     if "overrides" in res and res["overrides"] != overrides:
@@ -282,5 +285,16 @@ def collect(out: Path, study: Study) -> List[Dict[str, Any]]:
     for spec in study.runs:
         f = out / "runs" / spec.run_id / "result.json"
         if f.is_file():
-            rows.append(json.loads(f.read_text()))
+            rows.append(_with_training_cost(f.parent, json.loads(f.read_text())))
     return rows
+
+
+def _with_training_cost(rd: Path, res: Dict[str, Any]) -> Dict[str, Any]:
+    """A classification result without its training time (re-evaluated by an older runner, which
+    lost it): the time the run logged with its last epoch in metrics.jsonl."""
+    if "acc_T" not in res or res.get("train_seconds") is not None or not (rd / "metrics.jsonl").is_file():
+        return res
+    from ..train.rundir import RunDir
+
+    logged = RunDir(rd, created=False, owner=False).read_metrics()
+    return {**res, "train_seconds": logged[-1].get("train_seconds")} if logged else res
