@@ -93,6 +93,14 @@ def unfinished(run: Path):
     return None if epoch >= want else f"still training: epoch {epoch} of {want}"
 
 
+def shown(path: Path) -> str:
+    """A path as the report shows it: relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def meets(t: dict) -> bool:
     return (t["drop_points"] <= TARGET["drop_points"] and t["steps_pct_T"] <= TARGET["steps_pct_T"]
             and t["speedup"] >= TARGET["speedup"])
@@ -155,16 +163,16 @@ def main(argv=None) -> int:
                 seconds += res["cost"].get("seconds", 0.0)
                 cells.setdefault((kind, c), []).append(res)
     if not cells:
-        print(f"no runs found under {args.runs}: train them first (recurvit study studies/fashion_converged.yaml)")
+        print(f"no runs found under {args.runs}: train them first (recurvit study studies/fashion_anytime.yaml)")
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     figure(cells, args.kinds, args.criteria, args.seeds, args.out / "exit.png")
     any_res = next(iter(cells.values()))[0]
     lines = [
         "# Anytime inference: each image stops when it is done (issue 15)", "",
-        (f"Runs: `{args.runs}` ({', '.join(f'{k}: {KINDS.get(k, k)}' for k in args.kinds)}), seeds "
+        (f"Runs: `{shown(args.runs)}` ({', '.join(f'{k}: {KINDS.get(k, k)}' for k in args.kinds)}), seeds "
          f"{', '.join(map(str, args.seeds))}. Made by `python experiments/anytime.py "
-         f"{' '.join(argv if argv is not None else sys.argv[1:])}`."),
+         f"{' '.join(argv if argv is not None else sys.argv[1:])}".rstrip() + "`."),
         "",
         "Each cell is `recurvit exit RUN --criterion C --target-drop "
         f"{args.target_drop:g} --batch-size {args.batch_size}"
@@ -182,8 +190,9 @@ def main(argv=None) -> int:
         *table(cells, args.kinds, args.criteria), "",
         f"Cost: {sum(len(v) for v in cells.values())} exit commands, {seconds / 60:.1f} min of compute in all "
         f"(this invocation: {(time.perf_counter() - t_start) / 60:.1f} min wall; cells reused from an earlier "
-        "invocation keep their recorded cost). Per cell: `results/anytime/runs/<run>/<criterion>/` holds exit.csv, "
-        "exit.png, exit.json, exit.txt and cost.json with the exact command.",
+        "invocation keep their recorded cost). Per cell: "
+        f"`{shown(args.out)}/runs/<run>/<criterion>/` holds exit.csv, exit.json, exit.txt and cost.json with the exact "
+        "command (and exit.png, not committed).",
         "", "![accuracy against mean steps](exit.png)",
     ]
     if missing:

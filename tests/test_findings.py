@@ -98,3 +98,23 @@ def test_survival_table_compares_the_3_epoch_and_plateau_verdicts(tmp_path):
     assert rows[("| ViT (matched FLOPs) − bViT", "acc@T")].endswith("(none) | no |")
     assert rows[("| bViT − ViT (matched parameters)", "acc@T")].endswith("(+) | yes |")
     assert rows[("| random depth − naive", "acc@T")].endswith("(−) | yes |")
+
+
+def test_anytime_rows_pick_the_fastest_criterion_within_the_drop(tmp_path):
+    import json
+
+    def cell(name, kind, seed, crit, drop, pct, speedup):
+        d = tmp_path / name / "runs" / f"{kind}__seed={seed}" / crit
+        d.mkdir(parents=True)
+        (d / "exit.json").write_text(json.dumps({"test": {"drop_points": drop, "steps_pct_T": pct,
+                                                          "speedup": speedup}}))
+
+    for s in range(3):
+        cell("anytime", "ds3", s, "kl", 0.9, 30, 2.5)          # fastest, but drops too much
+        cell("anytime", "ds3", s, "entropy", 0.3 + 0.01 * s, 50, 1.6 + 0.01 * s)
+        cell("anytime_beyond", "ds3", s, "kl", 1.0 + 0.1 * s, 150, 0.7)
+    text = (verdicts(tmp_path), (tmp_path / "findings.md").read_text())[1]
+    row = next(ln for ln in text.splitlines() if "[anytime](" in ln)
+    assert "best criterion entropy" in row and row.endswith("**target met (means)** |")
+    beyond = next(ln for ln in text.splitlines() if "[anytime_beyond](" in ln)
+    assert beyond.endswith("**no: below fixed T** |")
