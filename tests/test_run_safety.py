@@ -248,3 +248,24 @@ def test_tqdm_disable_is_honoured_even_on_a_terminal(monkeypatch):
     assert runtime.show_progress(True) and not runtime.show_progress(False)
     monkeypatch.setenv("TQDM_DISABLE", "1")
     assert not runtime.show_progress(True)
+
+
+def test_every_progress_bar_asks_whether_someone_watches(monkeypatch):
+    """Each tqdm in the package is gated by runtime.show_progress (a terminal, no --json, no
+    TQDM_DISABLE); analyze's and vae intervene's bars once were not."""
+    import re
+    from pathlib import Path
+
+    import recurvit
+    from recurvit.analysis import per_step
+    from recurvit.train import runtime
+
+    src = Path(recurvit.__file__).parent
+    for f in src.rglob("*.py"):
+        text = f.read_text()
+        for m in re.finditer(r"\btqdm\(", text):
+            body = text[max(0, text.rfind("\ndef ", 0, m.start())):m.start() + 300]
+            assert "show_progress(" in body, f"{f.relative_to(src)}: a progress bar not gated by show_progress"
+    monkeypatch.setattr(runtime.sys.stderr, "isatty", lambda: False, raising=False)
+    items = [1, 2, 3]
+    assert per_step._progress(items, True, "x") is items  # piped: the plain iterable, no bar

@@ -140,7 +140,9 @@ def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.
 
 
 def _progress(items, on: bool, desc: str):
-    if not on:
+    from ..train.runtime import show_progress
+
+    if not show_progress(on):  # a bar only on a terminal (and never with --json)
         return items
     from tqdm.auto import tqdm
 

@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from .evaluate import evaluate_vae
 from .. import tables
+from ..train.runtime import show_progress
 
 COLUMNS = ["kind", "side", "scale", "loop", "factor", "enc_loops", "dec_loops", "block_applications",
            "psnr", "ssim", "out_of_range", "delta_psnr"]
@@ -61,7 +62,7 @@ def run_interventions(model: nn.Module, loader: Iterable, device: torch.device, 
     from tqdm.auto import tqdm
 
     rows = []
-    for spec in tqdm(specs, desc="interventions", leave=False, disable=not progress):
+    for spec in tqdm(specs, desc="interventions", leave=False, disable=not show_progress(progress)):
         ev = evaluate_vae(model, loader, device, amp, enc_loops=spec["enc"], dec_loops=spec["dec"],
                           update_scale=spec["update"])
         apps = model.block_applications(enc_loops=spec["enc"], dec_loops=spec["dec"])["total"]
