@@ -118,3 +118,16 @@ def test_anytime_rows_pick_the_fastest_criterion_within_the_drop(tmp_path):
     assert "best criterion entropy" in row and row.endswith("**target met (means)** |")
     beyond = next(ln for ln in text.splitlines() if "[anytime_beyond](" in ln)
     assert beyond.endswith("**no: below fixed T** |")
+
+
+def test_a_vae_reference_that_did_not_train_tests_nothing(tmp_path):
+    rows = []
+    for s in range(3):
+        rows += [{"run_id": f"a{s}", "variant": "conv_shared", "psnr": 29 + 0.3 * s, "baseline_psnr": 9.7},
+                 {"run_id": f"b{s}", "variant": "conv_unshared", "psnr": 28.5 + 0.2 * s, "baseline_psnr": 9.7},
+                 {"run_id": f"c{s}", "variant": "transformer_shared", "psnr": 20 + s, "baseline_psnr": 9.7},
+                 {"run_id": f"d{s}", "variant": "transformer_unshared", "psnr": 9.8 + 0.05 * s, "baseline_psnr": 9.7}]
+    write(tmp_path / "loopvae", rows)
+    v = verdicts(tmp_path)
+    assert v["competitive PSNR with far fewer stored parameters (conv core vs its unshared twin)"] == "reproduced"
+    assert v["competitive PSNR under global sharing (transformer core)"] == "not tested (the reference did not train)"
