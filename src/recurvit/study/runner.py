@@ -78,10 +78,7 @@ def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str
         variants[name] = {"acc_T": ev["accuracy"], "nfe": other.nfe}
     acct = account(model.cpu(), memory=False)
     mc = model.cfg
-    logged = RunDir(out, created=False, owner=False).read_metrics()
-    curve = [m.get("test_acc") for m in logged]
-    if logged and metrics.get("train_seconds") is None:  # a finished run re-evaluated: its logged cost
-        metrics = {**logged[-1], **{k: v for k, v in metrics.items() if v is not None}}
+    curve = [m.get("test_acc") for m in RunDir(out, created=False, owner=False).read_metrics()]
     return {
         "model": cfg.model.name, "core": mc.core, "runs_as": mc.core_cls.describe(mc),
         "shares_blocks": mc.core_cls.shares_blocks, "embed_dim": mc.embed_dim, "depth": mc.depth, "steps": T,
@@ -290,8 +287,8 @@ def collect(out: Path, study: Study) -> List[Dict[str, Any]]:
 
 
 def _with_training_cost(rd: Path, res: Dict[str, Any]) -> Dict[str, Any]:
-    """A classification result without its training time (re-evaluated by an older runner, which
-    lost it): the time the run logged with its last epoch in metrics.jsonl."""
+    """A classification result without its training time (written by an older runner, which lost it
+    when it re-evaluated a run whose last.pt kept no metrics): the time logged with the last epoch."""
     if "acc_T" not in res or res.get("train_seconds") is not None or not (rd / "metrics.jsonl").is_file():
         return res
     from ..train.rundir import RunDir

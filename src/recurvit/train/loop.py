@@ -239,7 +239,9 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
     log(f"model {cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)} core, {n_params:,} params, "
         f"steps={model.nominal_steps}) on {cfg.data.name} ({len(train_loader.dataset)} train / "
         f"{len(test_loader.dataset)} test), {where}")
-    metrics: Dict[str, float] = (state or {}).get("metrics", {})
+    metrics: Dict[str, float] = (state or {}).get("metrics") or {}
+    if state is not None and not metrics:  # a checkpoint from before last.pt kept its metrics: the logged line
+        metrics = next(iter(run.read_metrics()[-1:]), {})
     for epoch in range(start_epoch, cfg.train.epochs):
         set_epoch(train_loader, cfg.train.seed * 100_003 + epoch)  # the shuffle depends on (seed, epoch) only
         m = train_one_epoch(model, train_loader, opt, sched, device, cfg, depth, batch_transform, epoch,
