@@ -403,3 +403,30 @@ def test_evaluation_builds_the_test_split_alone(tmp_path):
     full_train, full_test, _ = build_datasets(DataConfig(name="digits"))
     train, test, _ = build_datasets(DataConfig(name="digits"), with_train=False)
     assert train is None and torch.equal(test[0][0], full_test[0][0])  # same normalisation
+
+
+@pytest.mark.parametrize("chans,size,padding,hflip", [(1, 28, 2, True), (3, 32, 4, True), (1, 8, 1, False),
+                                                      (3, 16, 0, True), (1, 8, 0, False)])
+def test_fast_training_pipeline_is_torchvisions_bit_for_bit(chans, size, padding, hflip):
+    """The in-memory training transform gives torchvision v2's output and leaves the RNG where it does."""
+    from recurvit.data.transforms import PadCropFlipNormalize, tensor_train_transform
+
+    mean, std = [0.29, 0.41, 0.52][:chans], [0.21, 0.26, 0.33][:chans]
+    reference = v2.Compose(([v2.RandomCrop(size, padding=padding)] if padding else [])
+                           + ([v2.RandomHorizontalFlip()] if hflip else [])
+                           + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    fast = tensor_train_transform(size, size, mean, std, padding, hflip, randaugment=False)
+    assert isinstance(fast, PadCropFlipNormalize)
+    images = torch.randint(0, 256, (300, chans, size, size), dtype=torch.uint8)
+    images[:, :, 0] = 0  # a black row, where padding and image meet
+    torch.manual_seed(5)
+    expected = torch.stack([reference(x) for x in images]), torch.rand(3)
+    torch.manual_seed(5)
+    got = torch.stack([fast(x) for x in images]), torch.rand(3)
+    assert torch.equal(got[0], expected[0]) and got[0].dtype == torch.float32
+    assert torch.equal(got[1], expected[1])  # the same draws, in the same order
+    if padding:  # the augmentation happened: not every image is its plain normalised self
+        plain = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])(images)
+        assert not torch.equal(got[0], plain)
+    with pytest.raises(ValueError, match="expected uint8"):
+        fast(images[0].float())

@@ -39,6 +39,40 @@ def _normalize(mean: Sequence[float], std: Sequence[float]) -> list[v2.Transform
     return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(list(mean), list(std))]
 
 
+class PadCropFlipNormalize:
+    """The training pipeline of an in-memory data set at its native size, about 3x faster per item.
+
+    Same output, bit for bit, and the same random draws in the same order as torchvision's
+    ``v2.Compose([RandomCrop(size, padding), RandomHorizontalFlip(), ToDtype(float32, scale=True),
+    Normalize(mean, std)])`` (a test holds it to that): the crop and flip move uint8 pixels, and as a
+    pixel has 256 values, the float conversion and normalisation are one table lookup (the table is
+    computed with torchvision's own ops). The generic pipeline's per-item time was about half of a
+    small model's training step on Fashion-MNIST. ``transforms`` lists the torchvision pipeline it equals.
+    """
+
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float], padding: int, hflip: bool) -> None:
+        levels = torch.arange(256, dtype=torch.uint8).view(1, 1, 256).expand(len(mean), 1, 256)
+        self.table = v2.Compose(_normalize(mean, std))(levels).flatten()  # channel c, value v: [256 c + v]
+        self.offsets = (torch.arange(len(mean)) * 256).view(-1, 1, 1)
+        self.size, self.padding, self.hflip = size, padding, hflip
+        self.transforms = _augment(size, padding, hflip, False) + _normalize(mean, std)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(equal to {v2.Compose(self.transforms)!r})"
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        s, p, c = self.size, self.padding, len(self.offsets)
+        if tuple(image.shape) != (c, s, s) or image.dtype != torch.uint8:
+            raise ValueError(f"expected uint8 ({c}, {s}, {s}) images, got {image.dtype} {tuple(image.shape)}")
+        if p > 0:  # top, then left: RandomCrop's draws
+            top = int(torch.randint(0, 2 * p + 1, size=()))
+            left = int(torch.randint(0, 2 * p + 1, size=()))
+            image = torch.nn.functional.pad(image, (p, p, p, p))[:, top:top + s, left:left + s]
+        if self.hflip and not bool(torch.rand(1) >= 0.5):  # RandomHorizontalFlip's draw
+            image = image.flip(-1)
+        return torch.take(self.table, image + self.offsets if c > 1 else image.long())
+
+
 def tensor_train_transform(
     size: int,
     native_size: int,
@@ -47,8 +81,12 @@ def tensor_train_transform(
     padding: int,
     hflip: bool,
     randaugment: bool,
-) -> v2.Compose:
-    """Training pipeline for in-memory uint8 tensors: [resize] [pad+crop] [flip] [RandAugment] -> float, normalised."""
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Training pipeline for in-memory uint8 tensors: [resize] [pad+crop] [flip] [RandAugment] -> float, normalised.
+
+    At the native size without RandAugment it is `PadCropFlipNormalize` (the same output, faster)."""
+    if size == native_size and not randaugment:
+        return PadCropFlipNormalize(size, mean, std, padding, hflip)
     steps: list[v2.Transform] = []
     if size != native_size:
         steps.append(v2.Resize((size, size), antialias=True))
@@ -119,6 +157,7 @@ def build_batch_transform(cfg: DataConfig, num_classes: int) -> Optional[BatchTr
 
 
 __all__ = [
+    "PadCropFlipNormalize",
     "build_batch_transform",
     "channel_stats",
     "check_mix_alphas",
