@@ -409,7 +409,7 @@ def test_evaluation_builds_the_test_split_alone(tmp_path):
                                                       (3, 16, 0, True), (1, 8, 0, False)])
 def test_fast_training_pipeline_is_torchvisions_bit_for_bit(chans, size, padding, hflip):
     """The in-memory training transform gives torchvision v2's output and leaves the RNG where it does."""
-    from recurvit.data.transforms import PadCropFlipNormalize, tensor_train_transform
+    from recurvit.data.transforms import PadCropFlipNormalize, tensor_test_transform, tensor_train_transform
 
     mean, std = [0.29, 0.41, 0.52][:chans], [0.21, 0.26, 0.33][:chans]
     reference = v2.Compose(([v2.RandomCrop(size, padding=padding)] if padding else [])
@@ -425,8 +425,10 @@ def test_fast_training_pipeline_is_torchvisions_bit_for_bit(chans, size, padding
     got = torch.stack([fast(x) for x in images]), torch.rand(3)
     assert torch.equal(got[0], expected[0]) and got[0].dtype == torch.float32
     assert torch.equal(got[1], expected[1])  # the same draws, in the same order
+    plain = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])(images)
     if padding:  # the augmentation happened: not every image is its plain normalised self
-        plain = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])(images)
         assert not torch.equal(got[0], plain)
+    test = tensor_test_transform(size, size, mean, std)  # the evaluation pipeline: the same lookup, no draws
+    assert torch.equal(torch.stack([test(x) for x in images]), plain)
     with pytest.raises(ValueError, match="expected uint8"):
         fast(images[0].float())

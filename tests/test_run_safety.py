@@ -104,6 +104,44 @@ def test_resume_of_a_running_run_is_refused_and_a_killed_run_resumes(tmp_path):
     assert epochs(run) == list(range(1, 9))
 
 
+def test_a_killed_study_takes_its_workers_with_it_and_resumes(tmp_path):
+    """kill -9 of `recurvit study` ends its worker processes (no orphan keeps a run's lock); run again,
+    the study finishes every run."""
+    (tmp_path / "base.yaml").write_text("model: {name: bvit_tiny, patch_size: 4, embed_dim: 24, num_heads: 2, "
+                                        "steps: 2}\ndata: {name: digits}\ntrain: {epochs: 10, batch_size: 256}\n")
+    (tmp_path / "s.yaml").write_text("name: k\nbase: base.yaml\ngrid:\n  train.seed: [0, 1]\n"
+                                     "eval: {max_steps_factor: 1}\nresults: res\n")
+    out = tmp_path / "study"
+    p = start("study", tmp_path / "s.yaml", "--workers", "2", "--out", out)
+    locks = [out / "runs" / f"seed={s}" / ".lock" for s in (0, 1)]
+    t0 = time.time()
+    while not all(lock.is_file() and lock.read_text().strip() for lock in locks):
+        assert p.poll() is None and time.time() - t0 < 240, p.communicate()
+        time.sleep(0.2)
+    workers = [int(lock.read_text()) for lock in locks]
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    t0 = time.time()
+    while any(_alive(pid) for pid in workers):
+        assert time.time() - t0 < 30, f"workers {workers} outlived their study"
+        time.sleep(0.2)
+    res = cli("study", tmp_path / "s.yaml", "--workers", "2", "--out", out, "--json",
+              env=_env(TQDM_DISABLE="1"))
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)["rows"]
+    assert len(rows) == 2 and not any("error" in r for r in rows), rows
+    assert all(r["epochs"] == 10 for r in rows)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited (its parent, killed, cannot reap it)
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def test_the_lock_protects_finetune_and_vae_train(trained, tmp_path):
     held = tmp_path / "held"
     with RunDir.create(held):  # another process's lock: the commands below run in their own processes

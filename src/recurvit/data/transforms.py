@@ -93,8 +93,12 @@ def tensor_train_transform(
     return v2.Compose(steps + _augment(size, padding, hflip, randaugment) + _normalize(mean, std))
 
 
-def tensor_test_transform(size: int, native_size: int, mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
-    """Evaluation pipeline for in-memory uint8 tensors: [resize] -> float, normalised."""
+def tensor_test_transform(size: int, native_size: int, mean: Sequence[float],
+                          std: Sequence[float]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Evaluation pipeline for in-memory uint8 tensors: [resize] -> float, normalised (a table lookup at the
+    native size: `PadCropFlipNormalize` without padding or flip)."""
+    if size == native_size:
+        return PadCropFlipNormalize(size, mean, std, padding=0, hflip=False)
     steps: list[v2.Transform] = []
     if size != native_size:
         steps.append(v2.Resize((size, size), antialias=True))

@@ -258,7 +258,8 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         threads = max(1, (os.cpu_count() or 1) // workers)
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=stop_with_parent,
+                                 initargs=(os.getpid(),)) as ex:
             futs = [ex.submit(run_one_safe, {**kw, "threads": threads}) for kw in todo]
             for f in as_completed(futs):
                 done.append(f.result())
@@ -267,6 +268,24 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
     bar.close()
     order = {s.run_id: i for i, s in enumerate(study.runs)}
     return sorted(done, key=lambda r: order.get(r["run_id"], 1 << 30))
+
+
+def stop_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """In a worker process: end it when the study process that started it is gone.
+
+    A killed study (``kill``, ``kill -9``, an OOM kill) would otherwise leave its workers training on as
+    orphans, each holding its run directory's lock, so the study started again finds those runs
+    "in use". A stopped worker's run resumes from its last checkpoint when the study is run again.
+    """
+    import signal
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="stop-with-parent", daemon=True).start()
 
 
 def _line(r: Dict[str, Any]) -> str:
