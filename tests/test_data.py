@@ -432,3 +432,17 @@ def test_fast_training_pipeline_is_torchvisions_bit_for_bit(chans, size, padding
     assert torch.equal(torch.stack([test(x) for x in images]), plain)
     with pytest.raises(ValueError, match="expected uint8"):
         fast(images[0].float())
+
+
+def test_data_pipeline_benchmark_writes_its_table(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "data_pipeline.py"
+    spec = importlib.util.spec_from_file_location("data_pipeline", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "t.md"
+    assert bench.main(["--data", "digits", "--batches", "2", "--rounds", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| torchvision |" in text and "| ours |" in text and "faster per batch" in text
