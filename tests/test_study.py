@@ -62,6 +62,21 @@ def test_study_runs_grid_resumes_and_reports(study_file, tmp_path):
         assert (study.results / png).stat().st_size > 1000
 
 
+def test_only_runs_the_chosen_runs_and_the_report_names_the_rest(study_file, tmp_path, capsys):
+    out = tmp_path / "study"
+    assert main(["study", str(study_file), "--out", str(out), "--only", "rec__*", "vit__seed=1", "--json"]) == 0
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["rec__seed=0", "rec__seed=1", "vit__seed=1"]
+    report = (tmp_path / "out_results" / "report.md").read_text()
+    assert "**Partial study**: 3 of its 6 runs are in; not run yet (runs): `vit` (1), `bad` (2)." in report
+    capsys.readouterr()
+    assert main(["study", str(study_file), "--out", str(out), "--only", "nothing*"]) == 2
+    assert "--only nothing* matches none of the study's 6 runs" in capsys.readouterr().err
+    assert main(["study", str(study_file), "--out", str(out), "--only", "vit__*", "--json"]) == 0
+    assert "Partial study**: 4 of its 6" in (tmp_path / "out_results" / "report.md").read_text()
+    assert main(["study", str(study_file), "--out", str(out), "--json"]) == 0  # the rest: complete
+    assert "Partial" not in (tmp_path / "out_results" / "report.md").read_text()
+
+
 def test_study_file_errors(tmp_path):
     with pytest.raises(UserError, match="not found"):
         load_study(tmp_path / "none.yaml")

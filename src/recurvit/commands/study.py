@@ -1,4 +1,4 @@
-"""recurvit study STUDY.yaml [--workers N] [--out DIR] [--report-only] [--json]
+"""recurvit study STUDY.yaml [--workers N] [--out DIR] [--only PATTERN ...] [--report-only] [--json]
                            [--launcher submitit [--cluster slurm|local] [--partition P] [--gpus-per-run N]
                             [--cpus-per-run C] [--timeout-min M] [--mem-gb G] [--slurm-dir DIR] ...]
 
@@ -25,6 +25,9 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, help="study directory for the runs (default: the study's runs: entry, "
                                            "else runs/studies/<name>)")
     p.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs, train nothing")
+    p.add_argument("--only", nargs="+", default=(), metavar="PATTERN",
+                   help="run only the runs whose id matches a pattern (shell-style: 'rk4__*' 'euler__seed=0'); "
+                        "the report covers every finished run and names the ones not run yet")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the report")
     c = p.add_argument_group("cluster (--launcher submitit)", "each pending run is one job; a preempted or timed-out "
                              "job is requeued and resumes from its last checkpoint; this command waits for the jobs "
@@ -91,6 +94,8 @@ def run(args) -> int:
     study = load_study(args.study)
     out = args.out or run_dir_root(study)
     log = (lambda *a, **k: None) if args.json else print
+    if args.report_only and args.only:
+        raise UserError("--only picks runs to train; --report-only trains none")
     if args.report_only:
         rows = collect(out, study)
         saved = (study.results or out) / "results.csv"
@@ -103,9 +108,9 @@ def run(args) -> int:
     elif args.launcher == "submitit":
         from ..study.launch import run_study_submitit
 
-        rows = run_study_submitit(study, out, opts, progress=not args.json, log=log)
+        rows = run_study_submitit(study, out, opts, progress=not args.json, log=log, only=args.only)
     else:
-        rows = run_study(study, out, workers=workers, progress=not args.json, log=log)
+        rows = run_study(study, out, workers=workers, progress=not args.json, log=log, only=args.only)
     command = "recurvit study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["study"] else ""
     if args.report_only and command:  # the command that made the runs, not the one that re-read them
         command = f"recurvit study {shlex.quote(str(args.study))}    # this report: --report-only"

@@ -40,7 +40,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import UserError
 from .runner import _line, pending, run_one_safe
@@ -135,7 +135,7 @@ def make_executor(opts: ClusterOptions, folder: Path, name: str):
 
 
 def run_study_submitit(study: Study, out: Path, opts: ClusterOptions, progress: bool = True,
-                       log=print) -> List[Dict[str, Any]]:
+                       log=print, only: Sequence[str] = ()) -> List[Dict[str, Any]]:
     """Submit the pending runs of ``study`` as jobs, wait for them, return every run's row (as
     :func:`~recurvit.study.runner.run_study` does)."""
     from tqdm.auto import tqdm
@@ -149,7 +149,7 @@ def run_study_submitit(study: Study, out: Path, opts: ClusterOptions, progress: 
     folder = Path(opts.slurm_dir).resolve() if opts.slurm_dir else out / "slurm"
     ex = make_executor(opts, folder, f"recurvit-{study.name}")  # (its checks come before any directory is made)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    done, todo = pending(study, out)
+    done, todo = pending(study, out, only)
     for kw in todo:  # what the job needs: absolute paths (a node may start elsewhere), its share of the node
         kw.update(base=str(Path(kw["base"]).resolve()), out=str(Path(kw["out"]).resolve()),
                   threads=opts.cpus_per_run, nproc=max(1, opts.gpus))

@@ -210,6 +210,21 @@ def _pairs(cs: List[Dict[str, Any]], axes: List[str], a: str, b: str):
     return out
 
 
+def _not_run_yet(study: Study, rows: List[Dict[str, Any]]) -> List[str]:
+    """A partial study (stopped, or run with --only) says which runs its tables do not have yet."""
+    have = {r.get("run_id") for r in rows}
+    missing = [r.run_id for r in study.runs if r.run_id not in have]
+    if not missing:
+        return []
+    per_cell: Dict[str, int] = {}
+    for run_id in missing:  # the cell: the run id without its seed
+        cell = "__".join(p for p in run_id.split("__") if not p.startswith("seed=")) or run_id
+        per_cell[cell] = per_cell.get(cell, 0) + 1
+    cells_text = ", ".join(f"`{c}` ({n})" for c, n in per_cell.items())
+    return [f"**Partial study**: {len(study.runs) - len(missing)} of its {len(study.runs)} runs are in; not run yet "
+            f"(runs): {cells_text}. The same command continues it.", ""]
+
+
 def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, command: str = "") -> Path:
     """results.csv, report.md and the plots into ``out_dir``; returns the report path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -222,6 +237,7 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
     if command:
         lines += ["Command:", "", "```", command, "```", ""]
     lines += [_cost(rows), ""]
+    lines += _not_run_yet(study, rows + failed)
     if study.task == "classify":
         chance = (rows[0].get("chance") or math.nan) if rows else math.nan
         level = f"chance level {100 * chance:.1f}%" if not math.isnan(chance) else "chance level not recorded"

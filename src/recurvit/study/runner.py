@@ -12,11 +12,12 @@ each: ``recurvit train --nproc N``'s processes) and evaluates it in this process
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import UserError
 from .spec import Study
@@ -222,27 +223,42 @@ def run_dir_root(study: Study) -> Path:
     return study.runs_dir or Path("runs") / "studies" / study.name
 
 
-def pending(study: Study, out: Path):
-    """(finished results, keyword sets of the runs still to do)."""
+def selected(study: Study, only: Sequence[str] = ()) -> set:
+    """Ids of the runs that ``--only`` patterns (shell-style, e.g. ``'rk4__*'``) pick; all when none given."""
+    ids = [r.run_id for r in study.runs]
+    if not only:
+        return set(ids)
+    picked = {i for i in ids if any(fnmatch.fnmatchcase(i, pat) for pat in only)}
+    if not picked:
+        raise UserError(f"--only {' '.join(only)} matches none of the study's {len(ids)} runs "
+                        f"(run ids look like {ids[0]!r})")
+    return picked
+
+
+def pending(study: Study, out: Path, only: Sequence[str] = ()):
+    """(finished results, keyword sets of the runs still to do); ``only``: patterns of the runs to do now
+    (finished runs are returned whatever they are)."""
     todo, done = [], []
+    chosen = selected(study, only)
     for spec in study.runs:
         rd = out / "runs" / spec.run_id
         res = _is_done(rd, study, spec.overrides)
         if res is not None:
             done.append(res)
-        else:
+        elif spec.run_id in chosen:
             todo.append(dict(task=study.task, base=str(spec.base), overrides=spec.overrides, out=str(rd),
                              eval_spec=study.eval_spec, labels=spec.labels))
     return done, todo
 
 
-def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, log=print) -> List[Dict[str, Any]]:
+def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, log=print,
+              only: Sequence[str] = ()) -> List[Dict[str, Any]]:
     from tqdm.auto import tqdm
 
     from ..train.runtime import show_progress
 
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    done, todo = pending(study, out)
+    done, todo = pending(study, out, only)
     log(f"study {study.name}: {len(study.runs)} runs, {len(done)} finished, {len(todo)} to run or evaluate "
         f"({workers} worker{'s' if workers > 1 else ''}) in {out}")
     bar = tqdm(total=len(study.runs), initial=len(done), desc=study.name, disable=not show_progress(progress),
