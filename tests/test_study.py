@@ -164,6 +164,43 @@ def test_frontier_16t_columns_intervals_and_reevaluation(tmp_path):
     assert collect(out, load_study(tmp_path / "f.yaml"))[0]["train_seconds"] == pytest.approx(trained)
 
 
+SOLVERS = """
+name: solvers
+base: base.yaml
+overrides: {model.core: ode, model.field: state_subtracted, model.steps: 2, model.t_end: 2.0}
+grid:
+  solver:
+    euler: {model.method: euler}
+    midpoint: {model.method: midpoint}
+  train.seed: [0, 1]
+eval:
+  max_steps_factor: 1
+  variants:
+    eval_euler: {method: euler}
+    refine_h/2: {refine: 2}
+results: res
+"""
+
+
+def test_solver_matrix_and_paired_changes_from_as_trained(tmp_path):
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "s.yaml").write_text(SOLVERS)
+    study = load_study(tmp_path / "s.yaml")
+    rows = run_study(study, tmp_path / "runs", progress=False, log=lambda *a: None)
+    assert all("error" not in r for r in rows) and len(rows) == 4
+    euler = [r for r in rows if r["run_id"].startswith("euler")]
+    assert all(r["variants"]["eval_euler"]["acc_T"] == r["acc_T"] for r in euler)  # its own solver: the same
+    report = write_report(rows, study, study.results).read_text()
+    matrix = report.split("as the change from the run's own accuracy")[1]
+    line = next(ln for ln in matrix.splitlines() if ln.startswith("| euler |"))
+    assert line.split("|")[3].strip() == "+0.0 ± 0.0"  # eval_euler on an Euler-trained run: no change
+    mid = [r for r in rows if r["run_id"].startswith("midpoint")]
+    change = [100 * (r["variants"]["eval_euler"]["acc_T"] - r["acc_T"]) for r in mid]
+    expected = sum(change) / 2
+    shown = next(ln for ln in matrix.splitlines() if ln.startswith("| midpoint |")).split("|")[3].strip()
+    assert shown.startswith(f"{expected:+.1f}")
+
+
 def test_a_study_that_changed_a_run_is_refused(tmp_path):
     (tmp_path / "base.yaml").write_text(BASE)
     (tmp_path / "f.yaml").write_text(FRONTIER.replace("train.seed: [0, 1]", "train.seed: [0]"))

@@ -90,8 +90,10 @@ def cells(rows: List[Dict[str, Any]], study: Study) -> List[Dict[str, Any]]:
             K = min(len(r.get("horizon_accuracy") or []) for r in rs)
             c["horizon"] = [sum(r["horizon_accuracy"][i] for r in rs) / len(rs) for i in range(K)]
             names = sorted({k for r in rs for k, v in (r.get("variants") or {}).items() if v})
-            c["variants"] = {k: mean_ci([(r.get("variants") or {}).get(k, {}).get("acc_T") for r in rs])
-                             for k in names}
+            got = [{k: ((r.get("variants") or {}).get(k) or {}).get("acc_T") for k in names} for r in rs]
+            c["variants"] = {k: mean_ci([g[k] for g in got]) for k in names}
+            c["variant_changes"] = {k: mean_ci([None if g[k] is None or r.get("acc_T") is None else g[k] - r["acc_T"]
+                                                for g, r in zip(got, rs)]) for k in names}
         out.append(c)
     return out
 
@@ -133,6 +135,12 @@ def classify_tables(cs: List[Dict[str, Any]], study: Study) -> List[str]:
         lines += _table(axes + ["trained as", "as trained"] + names,
                         [[str(c[a]) for a in axes] + [c["runs_as"], fmt_ci(c["acc_T"])] +
                          [fmt_ci(c["variants"][n]) if n in c["variants"] else "-" for n in names] for c in cs])
+        lines += ["", "The same, as the change from the run's own accuracy (points; paired over seeds, mean ± 95% "
+                  "half-width: an interval that excludes 0 is a change the seeds agree on):", ""]
+        lines += _table(axes + ["trained as"] + names,
+                        [[str(c[a]) for a in axes] + [c["runs_as"]] +
+                         [fmt_ci(c["variant_changes"][n], signed=True) if n in c["variants"] else "-" for n in names]
+                         for c in cs])
         lines.append("")
     return lines
 

@@ -46,13 +46,14 @@ def welch(a: Sequence[Optional[float]], b: Sequence[Optional[float]]) -> Dict[st
     return {"diff": diff, "lo": diff - half, "hi": diff + half, "p": p}
 
 
-def fmt_ci(ms: Dict[str, float], scale: float = 100.0, digits: int = 1) -> str:
-    """'77.8 ± 0.9' (mean ± 95% half-width); '77.8' for a single value; '-' for none."""
+def fmt_ci(ms: Dict[str, float], scale: float = 100.0, digits: int = 1, signed: bool = False) -> str:
+    """'77.8 ± 0.9' (mean ± 95% half-width; signed: '+0.4 ± 0.9'); '77.8' for a single value; '-' for none."""
     if math.isnan(ms["mean"]):
         return "-"
+    mean = f"{ms['mean'] * scale:{'+' if signed else ''}.{digits}f}"
     if math.isnan(ms["ci"]):
-        return f"{ms['mean'] * scale:.{digits}f}"
-    return f"{ms['mean'] * scale:.{digits}f} ± {ms['ci'] * scale:.{digits}f}"
+        return mean
+    return f"{mean} ± {ms['ci'] * scale:.{digits}f}"
 
 
 def fmt_p(p: float) -> str:
