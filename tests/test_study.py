@@ -201,6 +201,40 @@ def test_solver_matrix_and_paired_changes_from_as_trained(tmp_path):
     assert shown.startswith(f"{expected:+.1f}")
 
 
+WIDTHS = """
+name: widths
+base: base.yaml
+overrides: {model.steps: 1}
+grid:
+  width:
+    w8: {model.embed_dim: 8}
+    w16: {model.embed_dim: 16}
+    w24: {model.embed_dim: 24}
+  model:
+    bvit: {model.name: bvit_tiny}
+    vit: {model.name: vit_tiny, model.depth: 1}
+  train.seed: [0, 1]
+eval:
+  max_steps_factor: 1
+report:
+  compare: [[vit, bvit]]
+results: res
+"""
+
+
+def test_a_comparison_across_an_axis_is_plotted_and_an_axis_named_model_is_one_column(tmp_path):
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "w.yaml").write_text(WIDTHS)
+    study = load_study(tmp_path / "w.yaml")
+    rows = run_study(study, tmp_path / "runs", progress=False, log=lambda *a: None)
+    report = write_report(rows, study, study.results).read_text()
+    assert "![vit − bvit against width](vit_minus_bvit.png)" in report
+    assert (study.results / "vit_minus_bvit.png").stat().st_size > 1000
+    assert "| width | model | params (stored) |" in report  # not "| model | model |"
+    assert [ln.split("|")[1].strip() for ln in report.splitlines() if ln.startswith("| vit − bvit")] == \
+        ["vit − bvit (w8)", "vit − bvit (w16)", "vit − bvit (w24)"]
+
+
 def test_a_study_that_changed_a_run_is_refused(tmp_path):
     (tmp_path / "base.yaml").write_text(BASE)
     (tmp_path / "f.yaml").write_text(FRONTIER.replace("train.seed: [0, 1]", "train.seed: [0]"))

@@ -7,6 +7,8 @@
 - ``frontier.png``: the accuracy-robustness frontier: nominal accuracy (at T) against accuracy
   beyond the horizon (mean over T..4T, and at 16T), one point per cell with its 95% intervals.
 - ``psnr_vs_params.png`` (LoopVAE studies): PSNR against stored parameters.
+- ``<a>_minus_<b>.png``: a comparison ``[a, b]`` made at every label of another axis (the gap ViT - bViT
+  at each width): the difference with its 95% Welch interval against that axis.
 """
 from __future__ import annotations
 
@@ -143,3 +145,23 @@ def psnr_vs_params(cells: List[Dict[str, Any]], out: Path, name: str) -> Tuple[s
     ax.grid(alpha=0.3)
     ax.set_title(f"{name}: PSNR against stored parameters", fontsize=9)
     return "PSNR against stored parameters", _save(fig, out / "psnr_vs_params.png")
+
+
+def difference_across(points: Sequence[Tuple[str, Dict[str, float]]], out: Path, name: str, what: str,
+                      axis: str, ylabel: str, scale: float = 100.0) -> Tuple[str, str]:
+    """Differences ``(label, welch result)`` in the grid's order, with their 95% intervals and 0 marked."""
+    fig = Figure(figsize=(5.0, 3.4), dpi=120)
+    ax = fig.add_subplot()
+    xs = list(range(len(points)))
+    means = [w["diff"] * scale for _, w in points]
+    lo = [(w["diff"] - w["lo"]) * scale if not math.isnan(w["lo"]) else 0.0 for _, w in points]
+    hi = [(w["hi"] - w["diff"]) * scale if not math.isnan(w["hi"]) else 0.0 for _, w in points]
+    ax.errorbar(xs, means, yerr=[lo, hi], fmt="o-", ms=4, capsize=3, lw=1.2)
+    ax.axhline(0.0, color="grey", ls=":", lw=1)
+    ax.set_xticks(xs, [label for label, _ in points])
+    ax.set_xlabel(axis)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"{name}: {what} against {axis} (95% Welch intervals)", fontsize=9)
+    slug = "".join(ch if ch.isalnum() else "_" for ch in what.replace(" − ", "_minus_"))
+    return f"{what} against {axis}", _save(fig, out / f"{slug}.png")

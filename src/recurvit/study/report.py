@@ -121,10 +121,11 @@ def _table(head: List[str], body: List[List[str]]) -> List[str]:
 def classify_tables(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     axes = study.cell_axes()
     acc = [k for k in ACC_KEYS if any(not math.isnan(c[k]["mean"]) for c in cs)]
-    head = axes + ["model", "params (stored)", "MFLOPs/img", "NFE", "T", "epochs"] + [ACC_HEAD[k] for k in acc] + \
+    model = [] if "model" in axes else ["model"]  # an axis named model is that column already
+    head = axes + model + ["params (stored)", "MFLOPs/img", "NFE", "T", "epochs"] + [ACC_HEAD[k] for k in acc] + \
         ["Δ last 20% epochs", "train s"]
-    body = [[str(c[a]) for a in axes] + [
-        c["model"], f"{c['params_stored']:,}", f"{c['flops_forward'] / 1e6:.2f}", str(c["nfe"]), str(c["steps"]),
+    body = [[str(c[a]) for a in axes] + [c["model"] for _ in model] + [
+        f"{c['params_stored']:,}", f"{c['flops_forward'] / 1e6:.2f}", str(c["nfe"]), str(c["steps"]),
         str(c["epochs"] or "-")] + [fmt_ci(c[k]) for k in acc] + [_plateau(c["curve"]), f"{c['train_seconds']['mean']:.0f}"]
         for c in cs]
     lines = _table(head, body) + [""]
@@ -202,10 +203,15 @@ def comparisons(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     return lines + _table(["comparison", "figure", "difference", "95% interval", "p", "n"], body) + [""]
 
 
+def _axis_of(cs: List[Dict[str, Any]], axes: List[str], a: str, b: str):
+    """The axis whose labels include both ``a`` and ``b`` (None: no such axis)."""
+    return next((x for x in axes if any(str(c[x]) == a for c in cs) and any(str(c[x]) == b for c in cs)), None)
+
+
 def _pairs(cs: List[Dict[str, Any]], axes: List[str], a: str, b: str):
     """(cell a, cell b, ' (other labels)') for every combination of the OTHER axes' labels: in a
     width x model grid, ``[vit, bvit]`` is one comparison per width, never a mix of widths."""
-    axis = next((x for x in axes if any(str(c[x]) == a for c in cs) and any(str(c[x]) == b for c in cs)), None)
+    axis = _axis_of(cs, axes, a, b)
     if axis is None:
         return []
     others = [x for x in axes if x != axis]
@@ -284,6 +290,14 @@ def _plots(cs, study: Study, out_dir: Path, chance: float) -> List[Tuple[str, st
         made.append(plots.epochs(cs, out_dir, study.name))
     if study.frontier:
         made.append(plots.frontier(cs, out_dir, study.name, chance))
+    for a, b in study.compare:  # a comparison made at 3 or more labels of one other axis: its trend
+        axes = study.cell_axes()
+        pairs, others = _pairs(cs, axes, a, b), [x for x in axes if x != _axis_of(cs, axes, a, b)]
+        if len(pairs) >= 3 and len(others) == 1:
+            points = [(where.strip(" ()"), welch([r.get("acc_T") for r in ca["rows"]],
+                                                 [r.get("acc_T") for r in cb["rows"]])) for ca, cb, where in pairs]
+            made.append(plots.difference_across(points, out_dir, study.name, f"{a} − {b}", others[0],
+                                                f"{a} − {b}, acc@T (points)"))
     return made
 
 
