@@ -166,8 +166,9 @@ def solver_order(rows):  # Crossroads (ii): the gains of higher-order solvers ar
 
 def width(rows):  # bViT: wider bViTs recover much more of the ViT's performance
     def gaps(w: str) -> List[float]:
-        vit = {r["train.seed"]: float(r["acc_T"]) for r in rows if r["width"] == w and r["model"] == "vit_tiny"}
-        bvit = {r["train.seed"]: float(r["acc_T"]) for r in rows if r["width"] == w and r["model"] == "bvit_tiny"}
+        # the grid's model axis labels the runs (bvit / vit); the core says which is which
+        vit = {r["train.seed"]: float(r["acc_T"]) for r in rows if r["width"] == w and r["core"] == "stack"}
+        bvit = {r["train.seed"]: float(r["acc_T"]) for r in rows if r["width"] == w and r["core"] == "recurrent"}
         return [vit[s] - bvit[s] for s in sorted(vit.keys() & bvit.keys())]
     widths = sorted({r["width"] for r in rows}, key=lambda w: int(w.lstrip("w")))
     narrow, wide = widths[0], widths[-1]

@@ -61,8 +61,10 @@ def test_width_gap_is_compared_seed_by_seed(tmp_path):
     for w, gap in (("w32", 0.10), ("w64", 0.05), ("w192", 0.01)):
         for s in range(3):
             b = 0.70 + 0.02 * s
-            rows += [{"run_id": f"{w}/bvit/{s}", "width": w, "model": "bvit_tiny", "train.seed": s, "acc_T": b},
-                     {"run_id": f"{w}/vit/{s}", "width": w, "model": "vit_tiny", "train.seed": s,
+            # as the study writes them: the grid's labels in the model column, the core beside it
+            rows += [{"run_id": f"{w}/bvit/{s}", "width": w, "model": "bvit", "core": "recurrent", "train.seed": s,
+                      "acc_T": b},
+                     {"run_id": f"{w}/vit/{s}", "width": w, "model": "vit", "core": "stack", "train.seed": s,
                       "acc_T": b + gap + 0.001 * s}]
     write(tmp_path / "fashion_width", rows)
     v = verdicts(tmp_path)
