@@ -157,9 +157,10 @@ def solver_bias(rows):  # Crossroads (ii): solver order is an architectural bias
 def solver_order(rows):  # Crossroads (ii): the gains of higher-order solvers are not uniform
     ws = {m: welch(values(rows, "acc_T", solver=m), values(rows, "acc_T", solver="euler"))
           for m in ("midpoint", "heun3", "rk4")}
-    text = "; ".join(diff_text(f"{m} − euler, acc@T", w) for m, w in ws.items())
-    if any(math.isnan(w["diff"]) for w in ws.values()):
-        return text, "not measured (fewer than 2 seeds)"
+    text = "; ".join(diff_text(f"{m} − euler, acc@T", w) for m, w in ws.items() if not math.isnan(w["diff"]))
+    missing = [m for m, w in ws.items() if math.isnan(w["diff"])]
+    if missing:  # a partial study: say which solvers it still lacks
+        return text or "-", f"not measured yet (fewer than 2 seeds of {', '.join(missing)})"
     # uniform gains: every higher order significantly ahead of Euler
     return text, "not reproduced" if all(w["lo"] > 0 for w in ws.values()) else "reproduced"
 
