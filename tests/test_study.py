@@ -182,11 +182,16 @@ results: res
 """
 
 
-def test_solver_matrix_and_paired_changes_from_as_trained(tmp_path):
+def _tiny_study(tmp_path, text: str):
+    """(study, rows) of a study file ``text`` over BASE, run in tmp_path."""
     (tmp_path / "base.yaml").write_text(BASE)
-    (tmp_path / "s.yaml").write_text(SOLVERS)
-    study = load_study(tmp_path / "s.yaml")
-    rows = run_study(study, tmp_path / "runs", progress=False, log=lambda *a: None)
+    (tmp_path / "study.yaml").write_text(text)
+    study = load_study(tmp_path / "study.yaml")
+    return study, run_study(study, tmp_path / "runs", progress=False, log=lambda *a: None)
+
+
+def test_solver_matrix_and_paired_changes_from_as_trained(tmp_path):
+    study, rows = _tiny_study(tmp_path, SOLVERS)
     assert all("error" not in r for r in rows) and len(rows) == 4
     euler = [r for r in rows if r["run_id"].startswith("euler")]
     assert all(r["variants"]["eval_euler"]["acc_T"] == r["acc_T"] for r in euler)  # its own solver: the same
@@ -223,10 +228,7 @@ results: res
 
 
 def test_a_comparison_across_an_axis_is_plotted_and_an_axis_named_model_is_one_column(tmp_path):
-    (tmp_path / "base.yaml").write_text(BASE)
-    (tmp_path / "w.yaml").write_text(WIDTHS)
-    study = load_study(tmp_path / "w.yaml")
-    rows = run_study(study, tmp_path / "runs", progress=False, log=lambda *a: None)
+    study, rows = _tiny_study(tmp_path, WIDTHS)
     report = write_report(rows, study, study.results).read_text()
     assert "![vit − bvit against width](vit_minus_bvit.png)" in report
     assert (study.results / "vit_minus_bvit.png").stat().st_size > 1000
