@@ -99,9 +99,7 @@ def tensor_test_transform(size: int, native_size: int, mean: Sequence[float],
     native size: `PadCropFlipNormalize` without padding or flip)."""
     if size == native_size:
         return PadCropFlipNormalize(size, mean, std, padding=0, hflip=False)
-    steps: list[v2.Transform] = []
-    if size != native_size:
-        steps.append(v2.Resize((size, size), antialias=True))
+    steps: list[v2.Transform] = [v2.Resize((size, size), antialias=True)]
     return v2.Compose(steps + _normalize(mean, std))
 
 
