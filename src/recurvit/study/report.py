@@ -290,8 +290,8 @@ def _plots(cs, study: Study, out_dir: Path, chance: float) -> List[Tuple[str, st
         made.append(plots.epochs(cs, out_dir, study.name))
     if study.frontier:
         made.append(plots.frontier(cs, out_dir, study.name, chance))
+    axes = study.cell_axes()
     for a, b in study.compare:  # a comparison made at 3 or more labels of one other axis: its trend
-        axes = study.cell_axes()
         pairs, others = _pairs(cs, axes, a, b), [x for x in axes if x != _axis_of(cs, axes, a, b)]
         if len(pairs) >= 3 and len(others) == 1:
             points = [(where.strip(" ()"), welch([r.get("acc_T") for r in ca["rows"]],
