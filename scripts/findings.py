@@ -39,7 +39,7 @@ def _experiment_target() -> Dict[str, float]:
 
 TARGET = _experiment_target()
 
-from recurvit.study.stats import fmt_p, mean_ci, welch  # noqa: E402
+from recurvit.study.stats import fmt_p, mean_ci, ols_contrast, welch  # noqa: E402
 
 NEAR_CHANCE = 0.05   # "near-random": within 5 points of chance
 COMPETITIVE_DB = 1.0  # "competitive PSNR": the shared model is at most 1 dB below its unshared twin
@@ -192,6 +192,35 @@ def softmor_vs_plain(rows):  # SR-ViT: mixing all steps beats passing the last o
     return diff_text("SoftMoR (query) − plain recursion at r = 4, acc@T", w), signed(w, +1)
 
 
+MIXTURES = ("query", "last", "linear")  # the fashion_softmor variants r<r>_<mixture>; r1 is all three at r = 1
+
+
+def softmor_slopes(rows) -> Dict[str, Dict[str, float]]:
+    """Slopes of acc@T over the recursion depth r = 1..4, one per mixture, in one least-squares model
+    with every run one observation: acc = a + sum_m b_m (r - 1) [mixture m] (the r = 1 runs are the
+    same ViT for every mixture, hence one intercept). Returns b_query, b_last and b_query - b_last."""
+    x, y = [], []
+    for r in rows:
+        depth, _, mix = r["variant"].lstrip("r").partition("_")
+        if mix and mix not in MIXTURES:
+            continue
+        x.append([1.0] + [(int(depth) - 1.0) * (mix == m) for m in MIXTURES])
+        y.append(float(r["acc_T"]))
+    return {"query": ols_contrast(x, y, [0, 1, 0, 0]), "last": ols_contrast(x, y, [0, 0, 1, 0]),
+            "query − last": ols_contrast(x, y, [0, 1, -1, 0])}
+
+
+def softmor_trend(rows):  # SR-ViT: accuracy rises with r for SoftMoR (trend over every r, not only 1 vs 4)
+    w = softmor_slopes(rows)["query"]
+    return diff_text("slope of acc@T over r = 1..4, SoftMoR (query), per added recursion", w), signed(w, +1)
+
+
+def softmor_trend_vs_plain(rows):  # the issue's question: does it rise for SoftMoR and not for plain recursion?
+    w = softmor_slopes(rows)
+    return (diff_text("slope over r = 1..4, plain recursion", w["last"]) + "; "
+            + diff_text("SoftMoR (query) slope − plain slope", w["query − last"])), signed(w["query − last"], +1)
+
+
 def vae_sharing(rows, operator: str):  # LoopVAE: competitive PSNR under global sharing
     shared, unshared = f"{operator}_shared", f"{operator}_unshared"
     w = welch(values(rows, "psnr", variant=shared), values(rows, "psnr", variant=unshared))
@@ -289,6 +318,10 @@ CLAIMS: List[Tuple[str, str, str, Callable]] = [
     ("SR-ViT", "simply increasing recursion depth does not reliably improve performance", "fashion_softmor",
      plain_recursion),
     ("SR-ViT", "mixing every recursion step beats passing on the last", "fashion_softmor", softmor_vs_plain),
+    ("SR-ViT", "SoftMoR improves as recursion depth increases (the trend over r = 1..4)", "fashion_softmor",
+     softmor_trend),
+    ("SR-ViT", "accuracy rises faster with r for SoftMoR than for plain recursion (the trends over r = 1..4)",
+     "fashion_softmor", softmor_trend_vs_plain),
     ("LoopVAE", "competitive PSNR with far fewer stored parameters (conv core vs its unshared twin)", "loopvae",
      lambda rows: vae_sharing(rows, "conv")),
     ("LoopVAE", "competitive PSNR under global sharing (transformer core)", "loopvae",

@@ -73,6 +73,35 @@ def test_width_gap_is_compared_seed_by_seed(tmp_path):
     assert "gap (ViT − bViT, same seed) at w32 − gap at w192: +9.00 points" in text
 
 
+def test_softmor_trends_are_slopes_over_every_r(tmp_path):
+    # SoftMoR (query) gains 1 point per recursion, plain recursion none, the linear router half a point;
+    # r = 1 is one shared set of runs; seeds add the same noise pattern everywhere
+    noise = [0.004, -0.003, -0.001]
+    rows = [{"run_id": f"r1__seed={s}", "variant": "r1", "train.seed": s, "acc_T": 0.80 + noise[s]} for s in range(3)]
+    for r in (2, 3, 4):
+        for mix, gain in (("query", 0.01), ("last", 0.0), ("linear", 0.005)):
+            rows += [{"run_id": f"r{r}_{mix}__seed={s}", "variant": f"r{r}_{mix}", "train.seed": s,
+                      "acc_T": 0.80 + gain * (r - 1) + noise[(s + r) % 3]} for s in range(3)]
+    write(tmp_path / "fashion_softmor", rows)
+    v = verdicts(tmp_path)
+    assert v["SoftMoR improves as recursion depth increases (the trend over r = 1..4)"] == "reproduced"
+    assert v["accuracy rises faster with r for SoftMoR than for plain recursion (the trends over r = 1..4)"] \
+        == "reproduced"
+    assert v["simply increasing recursion depth does not reliably improve performance"] == "reproduced"
+    text = (tmp_path / "findings.md").read_text()
+    assert "SoftMoR (query), per added recursion: +1.00 points" in text
+    assert "slope over r = 1..4, plain recursion: +0.00 points" in text
+    # without the SoftMoR gain the two trends are the same
+    flat = [dict(row, acc_T=row["acc_T"] - (0.01 * (int(row["variant"][1]) - 1) if "query" in row["variant"]
+                                                   else 0)) for row in rows]
+    (tmp_path / "fashion_softmor" / "results.csv").unlink()
+    (tmp_path / "fashion_softmor").rmdir()
+    write(tmp_path / "fashion_softmor", flat)
+    v = verdicts(tmp_path)
+    assert v["accuracy rises faster with r for SoftMoR than for plain recursion (the trends over r = 1..4)"] \
+        == "not separable at this scale"
+
+
 def test_check_fails_when_results_change(tmp_path):
     write(tmp_path / "fashion_converged", converged({"naive": 0.8, "ds3": 0.8, "vit_matched_flops": 0.8,
                                                      "vit_matched_params": 0.8},

@@ -1,6 +1,7 @@
 """The study runner: grid expansion, resumable runs, generated results; the mixture command."""
 import csv
 import json
+import math
 
 import pytest
 
@@ -260,6 +261,26 @@ def test_welch_and_intervals_match_scipy():
     w = welch(a, b)
     assert w["p"] == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
     assert w["lo"] < w["diff"] < w["hi"] and w["diff"] == pytest.approx(0.81 - 0.7666666, abs=1e-6)
+
+
+
+def test_ols_contrast_is_scipys_regression_and_two_sample_t():
+    from scipy import stats
+
+    from recurvit.study.stats import ols_contrast
+
+    r, acc = [1, 1, 2, 2, 3, 3, 4, 4], [0.80, 0.81, 0.81, 0.83, 0.82, 0.82, 0.84, 0.85]
+    lr = stats.linregress(r, acc)
+    w = ols_contrast([[1.0, x] for x in r], acc, [0, 1])
+    assert w["diff"] == pytest.approx(lr.slope) and w["p"] == pytest.approx(lr.pvalue)
+    assert (w["hi"] - w["lo"]) / 2 == pytest.approx(stats.t.ppf(0.975, len(r) - 2) * lr.stderr)
+    # a group indicator's coefficient is the pooled-variance two-sample t-test
+    a, b = [0.80, 0.82, 0.81], [0.76, 0.79, 0.75]
+    w = ols_contrast([[1.0, 1.0]] * 3 + [[1.0, 0.0]] * 3, a + b, [0, 1])
+    assert w["diff"] == pytest.approx(0.81 - 0.7666666, abs=1e-6)
+    assert w["p"] == pytest.approx(stats.ttest_ind(a, b).pvalue)
+    # a model it cannot fit (collinear columns) has no estimate
+    assert math.isnan(ols_contrast([[1.0, 1.0]] * 4, [1, 2, 3, 4], [0, 1])["diff"])
 
 
 VAE_STUDY = """

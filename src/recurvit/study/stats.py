@@ -46,6 +46,31 @@ def welch(a: Sequence[Optional[float]], b: Sequence[Optional[float]]) -> Dict[st
     return {"diff": diff, "lo": diff - half, "hi": diff + half, "p": p}
 
 
+def ols_contrast(x: Sequence[Sequence[float]], y: Sequence[float], contrast: Sequence[float]) -> Dict[str, float]:
+    """A linear combination of least-squares coefficients (``contrast . beta`` for ``y ~ x beta``), its
+    95% t-interval (residual degrees of freedom n - columns) and its two-sided p-value.
+
+    Used for trends across a grid axis, e.g. the slope of accuracy over the recursion depth r with every
+    run one observation, or the difference of two such slopes in one model."""
+    import numpy as np
+    from scipy import stats
+
+    X, Y, c = np.asarray(x, dtype=float), np.asarray(y, dtype=float), np.asarray(contrast, dtype=float)
+    dof = len(Y) - X.shape[1]
+    if dof < 1 or np.linalg.matrix_rank(X) < X.shape[1]:
+        return {"diff": math.nan, "lo": math.nan, "hi": math.nan, "p": math.nan}
+    beta, *_ = np.linalg.lstsq(X, Y, rcond=None)
+    resid = Y - X @ beta
+    s2 = float(resid @ resid) / dof
+    est = float(c @ beta)
+    se = math.sqrt(s2 * float(c @ np.linalg.inv(X.T @ X) @ c))
+    if se == 0:
+        return {"diff": est, "lo": est, "hi": est, "p": 0.0 if est else 1.0}
+    half = float(stats.t.ppf(0.5 + CONFIDENCE / 2, dof)) * se
+    p = float(2 * stats.t.sf(abs(est) / se, dof))
+    return {"diff": est, "lo": est - half, "hi": est + half, "p": p}
+
+
 def fmt_ci(ms: Dict[str, float], scale: float = 100.0, digits: int = 1, signed: bool = False) -> str:
     """'77.8 ± 0.9' (mean ± 95% half-width; signed: '+0.4 ± 0.9'); '77.8' for a single value; '-' for none."""
     if math.isnan(ms["mean"]):
