@@ -2,6 +2,7 @@
 with the number that decides it.
 
     python scripts/findings.py          # reads results/*/results.csv (and results/anytime*), writes results/findings.md
+                                        # and results/findings_softmor_r.png (accuracy against SoftMoR's r)
     python scripts/findings.py --check  # CI: fails when findings.md is out of date
 
 Nothing here trains or evaluates: it reads the committed results files of ``recurvit study`` and
@@ -210,6 +211,22 @@ def softmor_slopes(rows) -> Dict[str, Dict[str, float]]:
             "query − last": ols_contrast(x, y, [0, 1, -1, 0])}
 
 
+def softmor_figure(rows, path: Path) -> str:
+    """acc@T against r, one line per mixture (r = 1 is the same runs for all), 95% t-intervals over seeds."""
+    from recurvit.study import plots
+
+    names = {"query": "SoftMoR, query router", "linear": "SoftMoR, linear router", "last": "plain recursion"}
+    lines = {}
+    for mix in ("query", "linear", "last"):
+        pts = []
+        for depth in range(1, 5):
+            acc = values(rows, "acc_T", variant="r1" if depth == 1 else f"r{depth}_{mix}")
+            if acc:
+                pts.append((depth, mean_ci(acc)))
+        lines[names[mix]] = pts
+    return plots.series(lines, path, "SR-ViT, Fashion-MNIST: acc@T against r (95% intervals)", "recursions per block r", "test accuracy at T (%)")
+
+
 def softmor_trend(rows):  # SR-ViT: accuracy rises with r for SoftMoR (trend over every r, not only 1 vs 4)
     w = softmor_slopes(rows)["query"]
     return diff_text("slope of acc@T over r = 1..4, SoftMoR (query), per added recursion", w), signed(w, +1)
@@ -369,6 +386,9 @@ def main(argv: Sequence[str] = ()) -> int:
         return 0
     out.write_text(text)
     print(f"wrote {out}")
+    softmor = load(args.results, "fashion_softmor")
+    if softmor is not None:  # the README's SoftMoR figure (a picture of the two trend rows above)
+        print(f"wrote {args.results / softmor_figure(softmor, args.results / 'findings_softmor_r.png')}")
     return 0
 
 

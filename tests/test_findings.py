@@ -91,6 +91,7 @@ def test_softmor_trends_are_slopes_over_every_r(tmp_path):
     text = (tmp_path / "findings.md").read_text()
     assert "SoftMoR (query), per added recursion: +1.00 points" in text
     assert "slope over r = 1..4, plain recursion: +0.00 points" in text
+    assert (tmp_path / "findings_softmor_r.png").stat().st_size > 1000  # the README's picture of the trends
     # without the SoftMoR gain the two trends are the same
     flat = [dict(row, acc_T=row["acc_T"] - (0.01 * (int(row["variant"][1]) - 1) if "query" in row["variant"]
                                                    else 0)) for row in rows]

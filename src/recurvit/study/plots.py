@@ -7,6 +7,8 @@
 - ``frontier.png``: the accuracy-robustness frontier: nominal accuracy (at T) against accuracy
   beyond the horizon (mean over T..4T, and at 16T), one point per cell with its 95% intervals.
 - ``psnr_vs_params.png`` (LoopVAE studies): PSNR against stored parameters.
+- ``series``: means with their 95% intervals against a numeric x, one line per label (the README's
+  SoftMoR figure: accuracy against the recursion depth r for each mixture, from ``scripts/findings.py``).
 - ``<a>_minus_<b>.png``: a comparison ``[a, b]`` made at every label of another axis (the gap ViT - bViT
   at each width): the difference with its 95% Welch interval against that axis.
 """
@@ -165,3 +167,25 @@ def difference_across(points: Sequence[Tuple[str, Dict[str, float]]], out: Path,
     ax.set_title(f"{name}: {what} against {axis} (95% Welch intervals)", fontsize=9)
     slug = "".join(ch if ch.isalnum() else "_" for ch in what.replace(" − ", "_minus_"))
     return f"{what} against {axis}", _save(fig, out / f"{slug}.png")
+
+
+def series(lines: Dict[str, Sequence[Tuple[float, Dict[str, float]]]], path: Path, title: str, xlabel: str,
+           ylabel: str, scale: float = 100.0) -> str:
+    """One line per label through ``(x, mean_ci result)`` points, each with its 95% interval; lines
+    sharing an x are offset a little so that their intervals stay readable."""
+    fig = Figure(figsize=(5.0, 3.4), dpi=120)
+    ax = fig.add_subplot()
+    xs_all = sorted({x for pts in lines.values() for x, _ in pts})
+    step = min((b - a for a, b in zip(xs_all, xs_all[1:])), default=1.0)
+    for i, (label, pts) in enumerate(lines.items()):
+        shift = (i - (len(lines) - 1) / 2) * 0.06 * step
+        xs = [x + shift for x, _ in pts]
+        ax.errorbar(xs, [m["mean"] * scale for _, m in pts], yerr=[_err(m) * scale for _, m in pts], fmt="o-",
+                    ms=4, capsize=3, lw=1.2, label=label)
+    ax.set_xticks(xs_all)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    _legend(ax, fontsize=7)
+    ax.set_title(title, fontsize=9)
+    return _save(fig, path)
