@@ -45,7 +45,8 @@ from recurvit.study.stats import fmt_p, mean_ci, ols_contrast, welch  # noqa: E4
 NEAR_CHANCE = 0.05   # "near-random": within 5 points of chance
 COMPETITIVE_DB = 1.0  # "competitive PSNR": the shared model is at most 1 dB below its unshared twin
 RULES = (f"Verdicts (rules fixed before reading the results): a signed claim is **reproduced** when the 95% "
-         "Welch interval of the difference over seeds lies on the claimed side of zero, **not reproduced** when "
+         "Welch interval of the difference over seeds (for a trend over r: the 95% interval of its least-squares "
+         "slope, every run one observation) lies on the claimed side of zero, **not reproduced** when "
          "it lies on the other side, **not separable at this scale** otherwise; a claim of no gain is reproduced "
          f"unless the gain is significant; \"near-random\" means within {NEAR_CHANCE * 100:g} points of chance "
          f"(the interval's upper end), \"competitive\" PSNR at most {COMPETITIVE_DB:g} dB below (the interval's "
