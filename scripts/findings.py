@@ -225,7 +225,8 @@ def softmor_figure(rows, path: Path) -> str:
             if acc:
                 pts.append((depth, mean_ci(acc)))
         lines[names[mix]] = pts
-    return plots.series(lines, path, "SR-ViT, Fashion-MNIST: acc@T against r (95% intervals)", "recursions per block r", "test accuracy at T (%)")
+    return plots.series(lines, path, "SR-ViT, Fashion-MNIST: acc@T against r (95% intervals)",
+                        "recursions per block r", "test accuracy at T (%)")
 
 
 def softmor_trend(rows):  # SR-ViT: accuracy rises with r for SoftMoR (trend over every r, not only 1 vs 4)
