@@ -218,13 +218,13 @@ def softmor_figure(rows, path: Path) -> str:
 
     names = {"query": "SoftMoR, query router", "linear": "SoftMoR, linear router", "last": "plain recursion"}
     lines = {}
-    for mix in ("query", "linear", "last"):
+    for mix, label in names.items():
         pts = []
         for depth in range(1, 5):
             acc = values(rows, "acc_T", variant="r1" if depth == 1 else f"r{depth}_{mix}")
             if acc:
                 pts.append((depth, mean_ci(acc)))
-        lines[names[mix]] = pts
+        lines[label] = pts
     return plots.series(lines, path, "SR-ViT, Fashion-MNIST: acc@T against r (95% intervals)",
                         "recursions per block r", "test accuracy at T (%)")
 
