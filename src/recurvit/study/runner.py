@@ -79,7 +79,9 @@ def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str
         variants[name] = {"acc_T": ev["accuracy"], "nfe": other.nfe}
     acct = account(model.cpu(), memory=False)
     mc = model.cfg
-    curve = [m.get("test_acc") for m in RunDir(out, created=False, owner=False).read_metrics()]
+    logged = RunDir(out, created=False, owner=False).read_metrics()
+    curve = [m.get("test_acc") for m in logged]
+    val_curve = [m.get("val_acc") for m in logged] if any("val_acc" in m for m in logged) else None
     return {
         "model": cfg.model.name, "core": mc.core, "runs_as": mc.core_cls.describe(mc),
         "shares_blocks": mc.core_cls.shares_blocks, "embed_dim": mc.embed_dim, "depth": mc.depth, "steps": T,
@@ -89,7 +91,7 @@ def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str
         **{k: v for k, v in summarize(sweep, T).items() if k.startswith("acc_")},
         "test_acc_final": metrics.get("test_acc"), "train_seconds": metrics.get("train_seconds"),
         "eval_seconds": time.perf_counter() - t0, "horizon_accuracy": sweep["accuracy"],
-        "test_acc_curve": curve, "variants": variants,
+        "test_acc_curve": curve, "val_acc_curve": val_curve, "variants": variants,
     }
 
 

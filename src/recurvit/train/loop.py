@@ -30,7 +30,7 @@ from .optim import build_optimizer, build_scheduler, follow_config, optimizer_st
 from .resume import check_resume, config_changes
 from .rundir import RunDir, open_run
 from .tensorboard import EpochWriter
-from .runtime import (autocast, build_loaders, pick_device, resolve_model_config, seed_everything, set_epoch,
+from .runtime import (autocast, build_loaders, build_val_loader, pick_device, resolve_model_config, seed_everything, set_epoch,
                       show_progress)
 
 # ------------------------------------------------------------------------------ evaluation
@@ -196,6 +196,7 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
     from ..data import build_batch_transform
 
     train_loader, test_loader, info = build_loaders(cfg, env=env, log=log)
+    val_loader = build_val_loader(cfg, train_loader, test_loader, env)
     cfg = resolve_model_config(cfg, info)
     m = cfg.model
     env.on_main(lambda: check_param_memory(  # rank 0 decides for every rank (no rank waits on a stopped one)
@@ -235,10 +236,12 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
     cfg_dict = as_dict(cfg)
 
     n_params = sum(p.numel() for p in model.parameters())
+    val_note = (f" / {len(val_loader.dataset)} validation, best.pt chosen on it" if val_loader is not None
+                else "; no validation split (data.holdout), so no best.pt")
     where = f"device {device}" if not env.enabled else f"{env.world_size} processes ({device.type}, DDP)"
     log(f"model {cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)} core, {n_params:,} params, "
         f"steps={model.nominal_steps}) on {cfg.data.name} ({len(train_loader.dataset)} train / "
-        f"{len(test_loader.dataset)} test), {where}")
+        f"{len(test_loader.dataset)} test{val_note}), {where}")
     metrics: Dict[str, float] = (state or {}).get("metrics") or {}
     if state is not None and not metrics:  # a checkpoint from before last.pt kept its metrics: the logged line
         metrics = next(iter(run.read_metrics()[-1:]), {})
@@ -250,6 +253,10 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
         metrics = {"epoch": epoch + 1, "lr": sched.get_last_lr()[0], **m}
         last = epoch + 1 == cfg.train.epochs
         if last or (epoch + 1) % cfg.train.eval_every == 0:
+            if val_loader is not None:
+                with torch.random.fork_rng(devices=[]):  # validating must not move the run's random streams
+                    ev = evaluate(model, val_loader, device, amp=cfg.train.amp, env=env)
+                metrics.update(val_loss=ev["loss"], val_acc=ev["accuracy"])
             ev = evaluate(model, test_loader, device, amp=cfg.train.amp, env=env)
             metrics.update(test_loss=ev["loss"], test_acc=ev["accuracy"])
         metrics["train_seconds"] = elapsed
@@ -257,19 +264,21 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
         extra = {}
         if env.enabled:  # a collective: every rank takes part, rank 0 writes
             extra = {"rng_ranks": env.gather(rng), "world_size": env.world_size, "depth_rng": depth_gen.get_state()}
-        best = "test_acc" in metrics and metrics["test_acc"] > best_acc
-        best_acc = metrics["test_acc"] if best else best_acc
+        # best.pt is chosen on the validation split (data.holdout); a run without one has no best.pt
+        best = "val_acc" in metrics and metrics["val_acc"] > best_acc
+        best_acc = metrics["val_acc"] if best else best_acc
         run.append_metrics(metrics)
         if tb is not None:
             tb.add_epoch(metrics)  # TensorBoard (train.tensorboard=true, rank 0): a copy of the metrics line
         record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "model": model.state_dict(), "epoch": epoch + 1}
         if best:
-            run.save("best.pt", {**record, "test_acc": best_acc})
+            run.save("best.pt", {**record, "val_acc": best_acc, "test_acc": metrics["test_acc"]})
         run.save("last.pt", {**record, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                              "best_acc": best_acc, "train_seconds": elapsed, "rng": rng, "metrics": metrics, **extra})
         if "test_acc" in metrics:
+            val = f"val_acc {metrics['val_acc']:.4f}  " if "val_acc" in metrics else ""
             log(f"epoch {epoch + 1:>3}/{cfg.train.epochs}  loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
-                f"test_acc {metrics['test_acc']:.4f}  {m['img_per_s']:.0f} img/s  {m['seconds']:.1f}s")
+                f"{val}test_acc {metrics['test_acc']:.4f}  {m['img_per_s']:.0f} img/s  {m['seconds']:.1f}s")
         if stop_after is not None and epoch + 1 >= stop_after and not last:
             log(f"stopped after epoch {epoch + 1}; continue with `recurvit train --resume {out}`")
             env.barrier()  # last.pt is on disk before any rank returns

@@ -95,6 +95,23 @@ def build_loaders(cfg: RunConfig, epoch_seed: int = 0, env: dist_io.DistEnv = di
     return train_loader, test_loader, info
 
 
+def build_val_loader(cfg: RunConfig, train_loader: DataLoader, test_loader: DataLoader,
+                     env: dist_io.DistEnv = dist_io.SINGLE) -> Optional[DataLoader]:
+    """The validation loader of a run trained with ``data.holdout=f``: the held-out part of the
+    training split, read with the test transform (None without a holdout). ``best.pt`` is chosen
+    on it, never on the test split."""
+    if not cfg.data.holdout:
+        return None
+    from ..data.calibration import holdout_split
+
+    full = train_loader.dataset.dataset  # build_datasets wraps the training split in a Subset
+    val_set = holdout_split(full, test_loader.dataset, cfg.data.holdout)
+    kw = dict(batch_size=test_loader.batch_size, shuffle=False, num_workers=cfg.data.num_workers,
+              pin_memory=torch.cuda.is_available())
+    sampler = dist_io.Shard(len(val_set), env.rank, env.world_size) if env.enabled else None
+    return DataLoader(val_set, sampler=sampler, **kw)
+
+
 def build_test_loader(cfg: RunConfig) -> Tuple[DataLoader, object]:
     """(test loader, data info) for the evaluation commands."""
     from ..data import build_datasets
