@@ -144,3 +144,27 @@ def test_match_options():
     assert abs(closest["params_ratio"] - 1) <= abs(match("bvit_small", by="params")["params_ratio"] - 1)
     with pytest.raises(UserError):
         match("bvit_tiny", by="memory")
+
+
+# ------------------------------------------------------------------ paper-size counts (scripts/accounting.py)
+def test_paper_size_loopvae_has_a_four_block_core_and_28_applications_per_side():
+    with torch.device("meta"):  # shapes only: the 256 px model is counted without weights or arithmetic
+        model = create_model("loopvae_conv_imagenet")
+    assert model.cfg.img_size == 256 and model.cfg.operator == "conv" and model.cfg.core == "shared"
+    n_enc, n_dec = len(model.encoder.core.blocks), len(model.decoder.core.blocks)
+    assert n_enc == n_dec == 4
+    uses = measure_flops(model, (3, 256, 256), train=False)["block_uses"]  # counted calls of each core block
+    assert len(uses) == n_enc + n_dec
+    assert (sum(uses[:n_enc]), sum(uses[n_enc:])) == (28, 28)
+    assert abs(count_params(model)["params_stored"] / 29e6 - 1) <= 0.10  # "the 29M-parameter convolutional model"
+
+
+def test_accounting_script_check_passes_on_the_committed_files():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "accounting.py"
+    spec = importlib.util.spec_from_file_location("accounting_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--check"]) == 0

@@ -67,7 +67,7 @@ def test_train_eval_horizon_and_corrupt_checkpoint(run_dir, tmp_path, capsys):
     assert (run_dir / "horizon.csv").read_text().splitlines()[0] == "step,accuracy,loss,rel_change"
     assert (run_dir / "horizon.png").stat().st_size > 1000
     bad = tmp_path / "bad.pt"
-    bad.write_bytes((run_dir / "best.pt").read_bytes()[:2000])
+    bad.write_bytes((run_dir / "last.pt").read_bytes()[:2000])
     _fails(capsys, ["eval", str(bad)], "corrupt, truncated")
 
 

@@ -108,8 +108,8 @@ def test_two_process_gloo_run_matches_one_process(tmp_path):
     for k in w1["model"]:
         torch.testing.assert_close(w2["model"][k], w1["model"][k], rtol=1e-4, atol=1e-5)
     assert len(w2["rng_ranks"]) == 2 and w2["world_size"] == 2
-    # rank 0 alone writes: the four run files and the run's lock
-    assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [".lock", "best.pt", "config.yaml", "last.pt",
+    # rank 0 alone writes: the run files and the run's lock (no validation split, so no best.pt)
+    assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == [".lock", "config.yaml", "last.pt",
                                                                     "metrics.jsonl"]
     assert single["test_loss"] == pytest.approx(two[-1]["test_loss"], rel=1e-5)
 

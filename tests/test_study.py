@@ -367,3 +367,20 @@ def test_beyond_horizon_mean_only_when_the_sweep_reaches_4t():
     assert stack["acc_T"] == 0.7 and stack["acc_2T"] is None and stack["acc_mean_T_4T"] is None
     rec = summarize({"step": list(range(1, 13)), "accuracy": [i / 12 for i in range(1, 13)]}, trained=3)
     assert rec["acc_4T"] == 1.0 and rec["acc_mean_T_4T"] == pytest.approx(sum(range(3, 13)) / 12 / 10)
+
+
+def test_a_study_resumes_from_its_results_folder_on_a_machine_without_its_runs(study_file, tmp_path):
+    import shutil
+
+    study = load_study(study_file)
+    out = tmp_path / "study"
+    rows = run_study(study, out, progress=False, log=lambda *a: None, only=["rec__*"])
+    assert {r["run_id"] for r in rows} == {"rec__seed=0", "rec__seed=1"}
+    kept = study.results / "runs" / "rec__seed=0" / "result.json"
+    assert json.loads(kept.read_text())["acc_T"] == next(r for r in rows if r["run_id"] == "rec__seed=0")["acc_T"]
+    shutil.rmtree(out)  # a new machine: the run directories (checkpoints) are gone, the results folder is not
+    again = run_study(study, tmp_path / "elsewhere", progress=False, log=lambda *a: None, only=["rec__*"])
+    assert not (tmp_path / "elsewhere" / "runs" / "rec__seed=0").exists()  # nothing trained again
+    assert [r["acc_T"] for r in again] == [r["acc_T"] for r in rows]
+    assert {r["run_id"] for r in collect(tmp_path / "elsewhere", study)} == {"rec__seed=0", "rec__seed=1"}
+    assert rows[0]["plateau_test"] is None  # one epoch: no plateau to read

@@ -26,7 +26,8 @@ def test_digits_run_learns_and_writes_its_run_directory(tmp_path):
     m = train(_cfg("train.epochs=6", "train.lr=2e-3"), tmp_path / "run", log=lambda *a: None)
     assert m["test_acc"] > 0.6  # chance is 0.1
     run = tmp_path / "run"
-    assert {"config.yaml", "metrics.jsonl", "last.pt", "best.pt"} <= {p.name for p in run.iterdir()}
+    assert {"config.yaml", "metrics.jsonl", "last.pt"} <= {p.name for p in run.iterdir()}
+    assert not (run / "best.pt").exists()  # no validation split: nothing to choose a best epoch on
     rows = _metrics(run)
     assert [r["epoch"] for r in rows] == list(range(1, 7))
     assert {"epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "img_per_s", "seconds"} <= set(rows[-1])
@@ -67,7 +68,7 @@ def test_checkpoint_errors_are_user_errors(tmp_path):
     torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
     with pytest.raises(UserError, match="not a recurvit checkpoint"):
         ckpt_io.load_model(tmp_path / "foreign.pt")
-    ck = torch.load(tmp_path / "run" / "best.pt", weights_only=True)
+    ck = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     ck["config"]["model"]["embed_dim"] = 24  # the weights no longer fit the config
     torch.save(ck, tmp_path / "mismatch.pt")
     with pytest.raises(UserError, match="does not match"):
@@ -178,3 +179,47 @@ def test_truncation_changes_the_gradient_of_the_shared_block():
         model, _, _ = _epoch_with_spy(f"train.depth.truncate={trunc}", batches=1)
         grads.append(model.blocks[0].mlp.fc1.weight.grad.clone())
     assert not torch.allclose(grads[0], grads[1])  # only the last step's graph: another gradient
+
+
+class _Scrambled(torch.utils.data.Dataset):
+    """A split whose labels are shifted by one: accuracy on it is a different, wrong number."""
+
+    def __init__(self, inner):
+        self.inner, self.transform = inner, inner.transform
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        x, y = self.inner[i]
+        return x, (y + 1) % 10
+
+
+def test_best_pt_is_chosen_on_the_validation_split_never_on_the_test_split(tmp_path, monkeypatch):
+    import recurvit.train.loop as loop
+
+    cfg = _cfg("train.epochs=5", "data.holdout=0.2")
+    train(cfg, tmp_path / "plain", log=lambda *a: None)
+    real = loop.build_loaders
+
+    def scrambled_test(cfg, **kw):
+        tr, te, info = real(cfg, **kw)
+        return tr, torch.utils.data.DataLoader(_Scrambled(te.dataset), batch_size=te.batch_size), info
+
+    monkeypatch.setattr(loop, "build_loaders", scrambled_test)
+    train(cfg, tmp_path / "scrambled", log=lambda *a: None)
+    plain, scrambled = _metrics(tmp_path / "plain"), _metrics(tmp_path / "scrambled")
+    assert [r["val_acc"] for r in plain] == [r["val_acc"] for r in scrambled]  # the same training
+    assert [r["test_acc"] for r in plain] != [r["test_acc"] for r in scrambled]  # a different test split
+    vals = [r["val_acc"] for r in plain]
+    for run in ("plain", "scrambled"):  # the same best epoch, the first with the highest validation accuracy
+        best = torch.load(tmp_path / run / "best.pt", weights_only=True)
+        assert best["epoch"] == vals.index(max(vals)) + 1 and best["val_acc"] == max(vals)
+
+
+def test_eval_of_a_run_without_validation_reads_its_last_epoch(tmp_path, capsys):
+    from recurvit.cli import main
+
+    m = train(_cfg("train.epochs=2"), tmp_path / "run", log=lambda *a: None)
+    assert main(["eval", str(tmp_path / "run"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(m["test_acc"])

@@ -49,7 +49,7 @@ def horizon_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_
             "rel_change": (change / n).tolist()}
 
 
-FACTORS = (1, 2, 4, 8, 16)  # acc@kT reported for these k (when the sweep reaches k x T)
+FACTORS = (1, 2, 4, 8, 16, 32, 64)  # acc@kT reported for these k (when the sweep reaches k x T)
 
 
 def summarize(sweep: Dict[str, List[float]], trained: int) -> Dict[str, Optional[float]]:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import UserError
-from .runner import _line, pending, run_one_safe
+from .runner import _line, archive, pending, run_one_safe
 from .spec import Study
 
 CLUSTERS = ("slurm", "local")
@@ -173,6 +173,7 @@ def run_study_submitit(study: Study, out: Path, opts: ClusterOptions, progress: 
             for key, job in list(waiting.items()):
                 if job.done():
                     done.append(_row(job, by_out[key]))
+                    archive(study, done[-1])
                     del waiting[key]
                     bar.update()
                     log(f"  {_line(done[-1])}")

@@ -5,19 +5,21 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import plots
 from .spec import SEED_KEY, Study
+from .rules import seeds_needed
 from .stats import fmt_ci, fmt_p, mean_ci, welch
 
-ACC_KEYS = ["acc_T", "acc_2T", "acc_4T", "acc_8T", "acc_16T", "acc_mean_T_4T"]
+ACC_KEYS = ["acc_T", "acc_2T", "acc_4T", "acc_8T", "acc_16T", "acc_32T", "acc_64T", "acc_mean_T_4T"]
 ACC_HEAD = {"acc_T": "acc@T", "acc_2T": "acc@2T", "acc_4T": "acc@4T", "acc_8T": "acc@8T", "acc_16T": "acc@16T",
+            "acc_32T": "acc@32T", "acc_64T": "acc@64T",
             "acc_mean_T_4T": "mean T..4T"}
 CSV_KEYS = {
     "classify": ["model", "core", "runs_as", "embed_dim", "depth", "steps", "seed", "epochs", "params",
                  "params_stored", "flops_forward", "nfe", "chance", *ACC_KEYS, "test_acc_final", "train_seconds",
-                 "eval_seconds"],
+                 "eval_seconds", "plateau_val", "plateau_test"],
     "vae": ["model", "operator", "core", "seed", "epochs", "params_stored", "params_effective", "flops_forward",
             "block_applications", "psnr", "ssim", "out_of_range", "baseline_psnr", "ms_per_img", "train_seconds",
             "eval_seconds"],
@@ -107,6 +109,28 @@ def _plateau(curve) -> str:
     return f"{100 * (ys[-1] - ys[-1 - k]):+.1f}"
 
 
+def plateau_change(curve) -> Optional[float]:
+    """The change of a per-epoch figure over the last 20% of the epochs, read off a least-squares line
+    through those epochs' values (epochs E-k..E, k = 20% of E), so that one noisy epoch does not
+    decide it; None for fewer than 5 epochs. A plateau is a change near 0."""
+    ys = [y for y in curve or [] if y is not None]
+    if len(ys) < 5:
+        return None
+    k = max(1, round(0.2 * len(ys)))
+    window = ys[-1 - k:]
+    xs = list(range(len(window)))
+    mx, my = sum(xs) / len(xs), sum(window) / len(window)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, window)) / sum((x - mx) ** 2 for x in xs)
+    return slope * k
+
+
+def _plateau_per_seed(c: Dict[str, Any]) -> str:
+    """Every seed's plateau change (validation accuracy where the runs hold a split out, else test), points."""
+    key = "plateau_val" if any(r.get("plateau_val") is not None for r in c["rows"]) else "plateau_test"
+    got = [r.get(key) for r in sorted(c["rows"], key=lambda r: (r.get("seed") is None, r.get("seed")))]
+    return " / ".join("-" if v is None else f"{100 * v:+.1f}" for v in got)
+
+
 def _cost(rows: List[Dict[str, Any]]) -> str:
     train = sum(r.get("train_seconds") or 0 for r in rows)
     ev = sum(r.get("eval_seconds") or 0 for r in rows)
@@ -122,11 +146,14 @@ def classify_tables(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     axes = study.cell_axes()
     acc = [k for k in ACC_KEYS if any(not math.isnan(c[k]["mean"]) for c in cs)]
     model = [] if "model" in axes else ["model"]  # an axis named model is that column already
+    per_seed = any(r.get("plateau_val") is not None or r.get("plateau_test") is not None for c in cs for r in c["rows"])
+    plateau = "Δ last 20% epochs, each seed" if per_seed else "Δ last 20% epochs"
     head = axes + model + ["params (stored)", "MFLOPs/img", "NFE", "T", "epochs"] + [ACC_HEAD[k] for k in acc] + \
-        ["Δ last 20% epochs", "train s"]
+        [plateau, "train s"]
     body = [[str(c[a]) for a in axes] + [c["model"] for _ in model] + [
         f"{c['params_stored']:,}", f"{c['flops_forward'] / 1e6:.2f}", str(c["nfe"]), str(c["steps"]),
-        str(c["epochs"] or "-")] + [fmt_ci(c[k]) for k in acc] + [_plateau(c["curve"]), f"{c['train_seconds']['mean']:.0f}"]
+        str(c["epochs"] or "-")] + [fmt_ci(c[k]) for k in acc] +
+        [_plateau_per_seed(c) if per_seed else _plateau(c["curve"]), f"{c['train_seconds']['mean']:.0f}"]
         for c in cs]
     lines = _table(head, body) + [""]
     names = sorted({k for c in cs for k in c["variants"]})
@@ -189,7 +216,8 @@ def comparisons(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     scale = 100.0 if study.task == "classify" else 1.0
     unit = "points" if study.task == "classify" else "dB / SSIM"
     lines = [f"Comparisons (difference of means, {unit}, with its 95% Welch interval and two-sided p-value; "
-             f"n = seeds per cell):", ""]
+             f"n = seeds per cell; seeds needed = the seeds per cell with which a 95% interval would exclude 0 "
+             f"at the observed difference and spread):", ""]
     body = []
     for a, b in study.compare:
         for ca, cb, where in _pairs(cs, axes, a, b):
@@ -197,10 +225,15 @@ def comparisons(cs: List[Dict[str, Any]], study: Study) -> List[str]:
                 w = welch([r.get(k) for r in ca["rows"]], [r.get(k) for r in cb["rows"]])
                 if math.isnan(w["diff"]):
                     continue
+                need = seeds_needed([r.get(k) for r in ca["rows"]], [r.get(k) for r in cb["rows"]])
                 body.append([f"{a} − {b}{where}", ACC_HEAD.get(k, k), f"{w['diff'] * scale:+.2f}",
                              f"[{w['lo'] * scale:+.2f}, {w['hi'] * scale:+.2f}]", fmt_p(w["p"]),
-                             f"{ca['n']} / {cb['n']}"])
-    return lines + _table(["comparison", "figure", "difference", "95% interval", "p", "n"], body) + [""]
+                             f"{ca['n']} / {cb['n']}", _fmt_need(need)])
+    return lines + _table(["comparison", "figure", "difference", "95% interval", "p", "n", "seeds needed"], body) + [""]
+
+
+def _fmt_need(n: float) -> str:
+    return "-" if math.isnan(n) else "> 1000" if math.isinf(n) else f"{n:.0f}"
 
 
 def _axis_of(cs: List[Dict[str, Any]], axes: List[str], a: str, b: str):

@@ -49,6 +49,7 @@ def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str
     from ..train.loop import evaluate, train
     from ..train.rundir import RunDir
     from ..train.runtime import build_test_loader, pick_device
+    from .report import plateau_change
 
     cfg = _load_config(load_config, out, base, overrides)
     cfg.train.progress = False
@@ -92,6 +93,7 @@ def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str
         "test_acc_final": metrics.get("test_acc"), "train_seconds": metrics.get("train_seconds"),
         "eval_seconds": time.perf_counter() - t0, "horizon_accuracy": sweep["accuracy"],
         "test_acc_curve": curve, "val_acc_curve": val_curve, "variants": variants,
+        "plateau_val": plateau_change(val_curve), "plateau_test": plateau_change(curve),
     }
 
 
@@ -207,11 +209,33 @@ def run_one_safe(kw: Dict[str, Any]) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ the study
+def archived(study: Study, run_id: str) -> Optional[Path]:
+    """Where the study's results folder keeps a copy of a finished run's result.json
+    (``<results>/runs/<id>/result.json``, committed with the results): a study resumes from it on a
+    machine that has lost the run directories, and its report is rebuilt from it."""
+    return study.results / "runs" / run_id / "result.json" if study.results is not None else None
+
+
+def archive(study: Study, res: Dict[str, Any]) -> None:
+    """Keep a finished run's result in the study's results folder (see :func:`archived`)."""
+    from ..train.rundir import write_atomic
+
+    path = archived(study, res.get("run_id", ""))
+    if path is None or "error" in res:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(res, indent=1))
+
+
 def _is_done(rd: Path, study: Study, overrides: List[str]) -> Optional[Dict[str, Any]]:
-    """The stored result of a run whose training and evaluation are what the study asks for."""
+    """The stored result of a run whose training and evaluation are what the study asks for: its run
+    directory's result.json, else the copy in the study's results folder when the run directory is gone."""
     f = rd / "result.json"
     if not f.is_file():
-        return None
+        copy = archived(study, rd.name)
+        if copy is None or not copy.is_file() or (rd / "last.pt").is_file():
+            return None
+        f = copy
     res = _with_training_cost(rd, json.loads(f.read_text()))
     if res.get("eval", {"max_steps_factor": res.get("max_steps_factor", 4), "variants": {}}) != study.eval_spec:
         return None  # re-evaluate (the checkpoint stays; training is not repeated)
@@ -269,6 +293,7 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
         for kw in todo:
             bar.set_postfix_str(Path(kw["out"]).name)
             done.append(run_one_safe(kw))
+            archive(study, done[-1])
             bar.update()
             log(f"  {_line(done[-1])}")
     else:
@@ -281,6 +306,7 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
             futs = [ex.submit(run_one_safe, {**kw, "threads": threads}) for kw in todo]
             for f in as_completed(futs):
                 done.append(f.result())
+                archive(study, done[-1])
                 bar.update()
                 log(f"  {_line(done[-1])}")
     bar.close()
@@ -318,8 +344,11 @@ def collect(out: Path, study: Study) -> List[Dict[str, Any]]:
     rows = []
     for spec in study.runs:
         f = out / "runs" / spec.run_id / "result.json"
+        copy = archived(study, spec.run_id)
         if f.is_file():
             rows.append(_with_training_cost(f.parent, json.loads(f.read_text())))
+        elif copy is not None and copy.is_file():
+            rows.append(json.loads(copy.read_text()))
     return rows
 
 

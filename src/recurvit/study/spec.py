@@ -67,6 +67,7 @@ class Study:
     results: Optional[Path] = None
     path: Optional[Path] = None
     runs: List[RunSpec] = field(default_factory=list)
+    claims: List[Any] = field(default_factory=list)  # recurvit.study.claims.Claim: what the study decides
 
     @property
     def eval_spec(self) -> Dict[str, Any]:
@@ -138,6 +139,9 @@ def load_study(path: str | Path) -> Study:
         runs_dir=(p.parent / raw["runs"]).resolve() if raw.get("runs") else None,
         results=(p.parent / raw["results"]).resolve() if raw.get("results") else None, path=p)
     study.runs = expand(study)
+    from .claims import load_claims
+
+    study.claims = load_claims(p, {axis: [lbl for lbl, _ in variants] for axis, variants in axes}, study.results)
     labels = {lbl for _, variants in axes for lbl, _ in variants}
     unknown = sorted({x for pair in compare for x in pair} - labels)
     if unknown:

@@ -38,16 +38,35 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> None:
         raise
 
 
+def _validated(run_dir: Path) -> bool:
+    """Whether the run's best.pt was not chosen on the test split: it held out a validation split, or it
+    is a fine-tune (whose best.pt is its deployable weights: the validated or the last epoch)."""
+    import yaml
+
+    if (run_dir / "finetune.json").is_file():
+        return True
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        return float((cfg.get("data") or {}).get("holdout") or 0) > 0
+    except (OSError, yaml.YAMLError, TypeError, ValueError, AttributeError):
+        return False
+
+
 def save_atomic(obj: Any, path: str | Path) -> None:
     """torch.save, atomically (see :func:`atomic_write`)."""
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def resolve_checkpoint(path: str | Path, prefer: str = "best.pt") -> Path:
-    """A run directory -> its best.pt (or last.pt); a file -> itself."""
+    """A run directory -> its best.pt (or last.pt); a file -> itself.
+
+    A best.pt is chosen on the run's validation split (``data.holdout``). A run directory without
+    one (its config.yaml says ``holdout: 0``) may still hold a best.pt an older recurvit chose on
+    the TEST split: that one is passed over for last.pt, so an evaluation never reads a test-chosen epoch."""
     p = Path(path)
     if p.is_dir():
-        for name in (prefer, "best.pt", "last.pt"):
+        names = [n for n in (prefer, "best.pt", "last.pt") if n != "best.pt" or _validated(p)]
+        for name in names:
             if (p / name).is_file():
                 return p / name
         raise UserError(f"no checkpoint in {p}: expected best.pt or last.pt (is it a recurvit run directory?)")

@@ -45,6 +45,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import torch
 import torch.nn as nn
 
 from ..config import DataConfig, RunConfig, as_dict, to_object, to_yaml
@@ -180,7 +181,7 @@ def _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_
     from .loop import evaluate, train_one_epoch
     from .losses import DepthSampler, stage_weights
     from .optim import build_optimizer, build_scheduler
-    from .runtime import set_epoch
+    from .runtime import build_val_loader, set_epoch
 
     out = run.path
     model.to(device)
@@ -201,7 +202,8 @@ def _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_
         f"on {data} ({len(train_loader.dataset)} train / {len(test_loader.dataset)} test, {info.img_size}px); "
         f"trainable params {counts['trainable_params']:,} of {counts['total_params']:,}")
 
-    best_acc, elapsed, cpu, metrics = -1.0, 0.0, 0.0, {}
+    best_acc, best_test, elapsed, cpu, metrics = -1.0, None, 0.0, 0.0, {}
+    val_loader = build_val_loader(cfg, train_loader, test_loader)
     for epoch in range(cfg.train.epochs):
         set_epoch(train_loader, cfg.train.seed * 100_003 + epoch)  # the shuffle depends on (seed, epoch) only
         c0 = time.process_time()
@@ -213,13 +215,20 @@ def _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_
         if last or (epoch + 1) % cfg.train.eval_every == 0:
             ev = evaluate(model, test_loader, device, amp=cfg.train.amp)
             metrics.update(test_loss=ev["loss"], test_acc=ev["accuracy"])
+            if val_loader is not None:
+                with torch.random.fork_rng(devices=[]):  # validating must not move the run's random streams
+                    ev = evaluate(model, val_loader, device, amp=cfg.train.amp)
+                metrics.update(val_loss=ev["loss"], val_acc=ev["accuracy"])
         metrics.update(train_seconds=elapsed, train_cpu_seconds=cpu, trainable_params=counts["trainable_params"])
         run.append_metrics(metrics)
         if tb is not None:
             tb.add_epoch(metrics)  # TensorBoard (train.tensorboard=true): a copy of the metrics line
         record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "epoch": epoch + 1, "finetune": info_rec}
-        if "test_acc" in metrics and metrics["test_acc"] > best_acc:
-            best_acc = metrics["test_acc"]
+        # best.pt: the weights to use, in their deployable form: the epoch chosen on the validation split
+        # (data.holdout), or the last epoch when there is none; never an epoch chosen on the test split
+        score = metrics.get("val_acc") if val_loader is not None else (epoch + 1 if last else None)
+        if score is not None and score > best_acc:
+            best_acc, best_test = score, metrics["test_acc"]
             if method == "step_lora":
                 best = {**record, "model": model.state_dict(), "adapter": spec}
                 u_model = unroll_step_lora(model)
@@ -227,10 +236,10 @@ def _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_
                     u_cfg = replace(cfg, model=replace(cfg.model, core="stack", depth=u_model.nominal_steps,
                                                        steps=u_model.nominal_steps, options={}))
                     run.save("unrolled.pt", {**record, "config": as_dict(u_cfg), "model": u_model.state_dict(),
-                                             "test_acc": best_acc})
+                                             "test_acc": metrics["test_acc"]})
             else:
                 best = {**record, "model": plain_state(model)}
-            run.save("best.pt", {**best, "test_acc": best_acc})
+            run.save("best.pt", {**best, "test_acc": metrics["test_acc"], "val_acc": metrics.get("val_acc")})
         last_rec = {**record, "model": model.state_dict(), "optimizer": opt.state_dict(),
                     "scheduler": sched.state_dict(), "best_acc": best_acc, "train_seconds": elapsed,
                     "rng": ckpt_io.rng_state()}
@@ -241,7 +250,7 @@ def _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_
             log(f"epoch {epoch + 1:>3}/{cfg.train.epochs}  loss {m['train_loss']:.4f}  train_acc {m['train_acc']:.4f}  "
                 f"test_acc {metrics['test_acc']:.4f}  {m['seconds']:.1f}s")
     summary = {**info_rec, "run_dir": str(out), "epochs": cfg.train.epochs, "lr": cfg.train.lr,
-               "test_acc": metrics.get("test_acc"), "best_acc": best_acc, "train_seconds": elapsed,
+               "test_acc": metrics.get("test_acc"), "best_acc": best_test, "train_seconds": elapsed,
                "train_cpu_seconds": cpu}
     write_atomic(out / "finetune.json", json.dumps(summary, indent=2) + "\n")
     return summary

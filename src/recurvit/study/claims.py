@@ -1,0 +1,364 @@
+"""Claims: what a study is run to decide, declared next to its grid.
+
+A study file may carry a ``claims:`` section, one entry a claim of a seed abstract::
+
+    claims:
+      matched_flops:
+        source: Crossroads                      # which abstract
+        words: standard ViTs remain preferable when FLOPs are the constraint
+        data: Fashion-MNIST                     # the data the row's runs use
+        rule: superiority                       # a rule kind of recurvit.study.rules (below)
+        figure: acc_T                           # a results.csv column (see ``figure`` forms below)
+        a: {regime: vit_matched_flops}          # the cells compared: grid labels, axis -> label
+        b: {regime: naive}
+        side: +1                                # superiority / trend: the claimed sign of a - b
+        label: ViT (matched FLOPs) − bViT       # how the table names the deciding figure
+
+Rule kinds and their keys (margins are in the figure's own units: accuracy as a fraction):
+
+- ``superiority`` (``a``, ``b``, ``side``, optional ``paired``): the 95% interval of a − b on the claimed side.
+- ``noninferiority`` (``a``, ``b``, ``margin``): a is not worse than b by more than ``margin``.
+- ``equivalence`` (``a``, ``b``, ``margin``): two one-sided tests; how a "no gain" claim is decided.
+  With ``b`` left out, ``a``'s values are themselves differences (a per-run figure such as
+  ``variant_refine_h/4 - acc_T``), tested against 0.
+- ``trend`` (``axis``, ``x``: label -> number, optional ``log2``; ``a`` and, for a paired gap a − b at
+  each x, ``b`` with ``paired: true``): the least-squares slope over x, every run one point.
+- ``near_chance`` (``a``, ``margin``, optional ``chance``, else the rows' ``chance`` column).
+- ``heterogeneity`` (``groups``: name -> cells, ``margin``): the groups' means are not all equal.
+- ``all_of`` (``parts``: claim ids of the same study, optional ``qualified: {when: [ids], verdict: ...}``):
+  reproduced when every part is, not reproduced when any part is not; ``qualified`` names the verdict
+  when the claim as a whole is not reproduced but the parts in ``when`` are.
+
+A ``figure`` is a column, ``"col_a - col_b"`` (per run), or a mapping
+``{mean_of: [cols], minus: col, skip_own: axis}``: the per-run mean of the columns less ``minus``,
+leaving out the column that ends in the run's own label on ``axis`` (for example each solver's own
+evaluation in a train-solver x eval-solver matrix).
+
+Claims that no study here can measure live in a study-less claims file with kinds ``accounting``
+(a count of :mod:`scripts.accounting` against the paper's figure), ``identity`` (a test that holds an
+exact identity, named ``tests/file.py::test``) and ``needs`` (what it needs, and the command that
+would test it).
+
+A label that a claim names and its study does not have is an error (:class:`UserError`), never a
+silent "not measured". No claim branches on a core's name: cells are grid labels.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import yaml
+
+from ..errors import UserError
+from . import rules
+from .spec import SEED_KEY
+
+RULE_KINDS = ("superiority", "noninferiority", "equivalence", "trend", "near_chance", "heterogeneity", "all_of")
+ROW_KINDS = ("accounting", "identity", "needs")
+NOT_TESTED = "not tested (the reference did not train)"
+KEYS = {"source", "words", "data", "rule", "figure", "a", "b", "side", "margin", "paired", "label", "axis", "x",
+        "log2", "x_name", "chance", "groups", "parts", "qualified", "scale", "unit", "count", "paper", "test", "needs",
+        "command", "note", "reference_baseline"}
+Row = Dict[str, Any]
+
+
+@dataclass
+class Claim:
+    id: str
+    source: str
+    words: str
+    rule: str
+    spec: Dict[str, Any]
+    study: Optional[Path] = None          # the study file that declares it
+    results: Optional[Path] = None        # that study's results folder
+    labels: Dict[str, List[str]] = field(default_factory=dict)  # the study's grid: axis -> labels
+
+    @property
+    def data(self) -> str:
+        return self.spec.get("data", "")
+
+    @property
+    def scale(self) -> float:
+        return float(self.spec.get("scale", 100.0))
+
+    @property
+    def unit(self) -> str:
+        return self.spec.get("unit", "points")
+
+
+# ----------------------------------------------------------------------------------- loading
+def load_claims(path: Path, labels: Optional[Dict[str, List[str]]] = None,
+                results: Optional[Path] = None) -> List[Claim]:
+    """The claims of a study file (or of a study-less claims file), checked against the grid's labels."""
+    with open(path) as f:
+        doc = yaml.safe_load(f) or {}
+    entries = doc.get("claims") or {}
+    if not isinstance(entries, dict):
+        raise UserError(f"{path}: `claims` must map claim ids to claims")
+    out = []
+    for cid, spec in entries.items():
+        where = f"{path}: claim {cid}"
+        if not isinstance(spec, dict):
+            raise UserError(f"{where} must be a mapping")
+        unknown = sorted(set(spec) - KEYS)
+        if unknown:
+            raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        rule = spec.get("rule")
+        if rule not in RULE_KINDS + ROW_KINDS:
+            raise UserError(f"{where}: rule must be one of {', '.join(RULE_KINDS + ROW_KINDS)}, got {rule!r}")
+        for key in ("source", "words"):
+            if not spec.get(key):
+                raise UserError(f"{where}: `{key}` is missing")
+        claim = Claim(str(cid), spec["source"], spec["words"], rule, spec, path, results, labels or {})
+        _check_labels(claim, where)
+        out.append(claim)
+    ids = {c.id for c in out}
+    for c in out:
+        for part in c.spec.get("parts", []) + (c.spec.get("qualified") or {}).get("when", []):
+            if part not in ids:
+                raise UserError(f"{path}: claim {c.id} names part {part!r}, which is not a claim of this file")
+    return out
+
+
+def _check_labels(claim: Claim, where: str) -> None:
+    if claim.rule in ROW_KINDS:
+        return
+    if claim.rule != "all_of" and not claim.labels:
+        raise UserError(f"{where}: a {claim.rule} claim needs a study grid")
+    cells = [claim.spec.get(k) for k in ("a", "b")] + list((claim.spec.get("groups") or {}).values())
+    for cell in cells:
+        if cell is None:
+            continue
+        if not isinstance(cell, dict):
+            raise UserError(f"{where}: a cell is a mapping axis -> label, got {cell!r}")
+        for axis, label in cell.items():
+            if axis not in claim.labels:
+                raise UserError(f"{where}: the study has no axis {axis!r} (axes: {', '.join(claim.labels)})")
+            for one in (label if isinstance(label, list) else [label]):
+                if str(one) not in claim.labels[axis]:
+                    raise UserError(f"{where}: the study's axis {axis!r} has no label {one!r} "
+                                    f"(labels: {', '.join(claim.labels[axis])})")
+    axis = claim.spec.get("axis")
+    if axis is not None:
+        if axis not in claim.labels:
+            raise UserError(f"{where}: the study has no axis {axis!r}")
+        missing = sorted(set(map(str, claim.spec.get("x", {}))) - set(claim.labels[axis]))
+        if missing:
+            raise UserError(f"{where}: the study's axis {axis!r} has no label(s) {', '.join(missing)}")
+
+
+# ---------------------------------------------------------------------------------- figures
+def _match(row: Row, cell: Mapping[str, Any]) -> bool:
+    """A run belongs to a cell when its label on each named axis is the cell's (or one of a list)."""
+    return all(str(row.get(axis)) in (list(map(str, label)) if isinstance(label, list) else [str(label)])
+               for axis, label in cell.items())
+
+
+def _num(v: Any) -> Optional[float]:
+    if v is None or v == "":
+        return None
+    x = float(v)
+    return None if math.isnan(x) else x
+
+
+def figure_of(row: Row, figure: Any) -> Optional[float]:
+    """One run's value of a claim's figure (None when the run lacks it)."""
+    if isinstance(figure, dict):
+        own = str(row.get(figure.get("skip_own", ""), "\0"))
+        vals = [_num(row.get(c)) for c in figure["mean_of"] if not c.endswith("_" + own)]
+        vals = [v for v in vals if v is not None]
+        minus = _num(row.get(figure["minus"])) if figure.get("minus") else 0.0
+        if not vals or minus is None:
+            return None
+        return statistics.fmean(vals) - minus
+    if " - " in figure:
+        left, right = (s.strip() for s in figure.split(" - ", 1))
+        a, b = _num(row.get(left)), _num(row.get(right))
+        return None if a is None or b is None else a - b
+    return _num(row.get(figure))
+
+
+def values(rows: Iterable[Row], cell: Mapping[str, Any], figure: Any) -> List[Tuple[str, float]]:
+    """(seed, figure) of every run of the cell that has the figure, one run one observation."""
+    out = []
+    for r in rows:
+        if _match(r, cell):
+            v = figure_of(r, figure)
+            if v is not None:
+                out.append((str(r.get(SEED_KEY, r.get("seed"))), v))
+    return out
+
+
+def _by_seed(vals: List[Tuple[str, float]], what: str) -> Dict[str, float]:
+    seeds = [s for s, _ in vals]
+    if len(set(seeds)) != len(seeds):
+        raise UserError(f"a paired comparison needs one run per seed in each cell; {what} has several")
+    return dict(vals)
+
+
+def _pair(a: List[Tuple[str, float]], b: List[Tuple[str, float]], paired: bool) -> Tuple[List[float], List[float]]:
+    if paired:
+        da, db = _by_seed(a, "a"), _by_seed(b, "b")
+        seeds = sorted(da.keys() & db.keys())
+        return [da[s] for s in seeds], [db[s] for s in seeds]
+    return [v for _, v in a], [v for _, v in b]
+
+
+# ---------------------------------------------------------------------------------- deciding
+def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Decision]] = None) -> rules.Decision:
+    """The claim's rule applied to a study's rows (``decided``: the study's other claims, for ``all_of``)."""
+    s, fig = claim.spec, claim.spec.get("figure", "acc_T")
+    paired = bool(s.get("paired", False))
+    if claim.rule == "all_of":
+        return _all_of(claim, decided or {})
+    if claim.rule == "trend":
+        xs, ys = [], []
+        for label, x in s["x"].items():
+            cell = {s["axis"]: label}
+            a = values(rows, {**cell, **s.get("a", {})}, fig)
+            if "b" in s:
+                got = [p - q for p, q in zip(*_pair(a, values(rows, {**cell, **s["b"]}, fig), True))]
+            else:
+                got = [v for _, v in a]
+            xs += [float(x)] * len(got)
+            ys += got
+        return rules.trend(xs, ys, side=int(s.get("side", 1)), log2_x=bool(s.get("log2", False)))
+    if claim.rule == "heterogeneity":
+        groups = {name: [v for _, v in values(rows, cell, fig)] for name, cell in s["groups"].items()}
+        return rules.heterogeneity(groups, float(s["margin"]))
+    a = values(rows, s["a"], fig)
+    untrained = _reference_untrained(claim, rows)
+    if untrained:
+        return rules.Decision(NOT_TESTED, math.nan, math.nan, math.nan, math.nan, (), math.nan, note=untrained)
+    if claim.rule == "near_chance":
+        chance = s.get("chance")
+        if chance is None:
+            found = [_num(r.get("chance")) for r in rows if _match(r, s["a"])]
+            found = [c for c in found if c is not None]
+            chance = found[0] if found else math.nan
+        return rules.near_chance([v for _, v in a], float(chance), float(s["margin"]))
+    if "b" in s:
+        x, y = _pair(a, values(rows, s["b"], fig), paired)
+    else:  # a's values are differences already: test them against 0
+        x, y, paired = [v for _, v in a], [0.0] * len(a), True
+    if claim.rule == "superiority":
+        return rules.superiority(x, y, side=int(s.get("side", 1)), paired=paired)
+    if claim.rule == "noninferiority":
+        return rules.noninferiority(x, y, float(s["margin"]), paired=paired)
+    return rules.equivalence(x, y, float(s["margin"]), paired=paired)
+
+
+def _reference_untrained(claim: Claim, rows: List[Row]) -> str:
+    """A comparison against a reference that did not learn tests nothing: with
+    ``reference_baseline: {column: baseline_psnr, margin: 1.0}`` the claim is "not tested" when b's mean
+    figure is within ``margin`` of b's mean baseline column (e.g. a VAE still at the mean image)."""
+    ref = claim.spec.get("reference_baseline")
+    if not ref or "b" not in claim.spec:
+        return ""
+    got = [v for _, v in values(rows, claim.spec["b"], claim.spec.get("figure", "acc_T"))]
+    base = [v for _, v in values(rows, claim.spec["b"], ref["column"])]
+    if not got or not base or statistics.fmean(got) >= statistics.fmean(base) + float(ref["margin"]):
+        return ""
+    return (f"the reference is at its baseline ({statistics.fmean(got) * claim.scale:.2f} vs "
+            f"{statistics.fmean(base) * claim.scale:.2f} {claim.unit}): it did not train")
+
+
+def _all_of(claim: Claim, decided: Dict[str, rules.Decision]) -> rules.Decision:
+    parts = [decided[p] for p in claim.spec["parts"]]
+    verdicts = [d.verdict for d in parts]
+    if any(v == rules.NOT_MEASURED for v in verdicts):
+        verdict = rules.NOT_MEASURED
+    elif all(v == rules.REPRODUCED for v in verdicts):
+        verdict = rules.REPRODUCED
+    elif any(v == rules.NOT_REPRODUCED for v in verdicts):
+        verdict = rules.NOT_REPRODUCED
+    else:
+        verdict = rules.NOT_SEPARABLE
+    q = claim.spec.get("qualified")
+    if q and verdict != rules.REPRODUCED and all(decided[p].verdict == rules.REPRODUCED for p in q["when"]):
+        verdict = q["verdict"]
+    return rules.Decision(verdict, math.nan, math.nan, math.nan, math.nan, (), math.nan,
+                          note="parts: " + ", ".join(f"{p} {d.verdict}" for p, d in zip(claim.spec["parts"], parts)))
+
+
+def decide_all(claims: Sequence[Claim], rows: List[Row]) -> Dict[str, rules.Decision]:
+    """Every claim of one study, parts before the claims made of them."""
+    out: Dict[str, rules.Decision] = {}
+    for c in sorted(claims, key=lambda c: c.rule == "all_of"):
+        out[c.id] = decide(c, rows, out)
+    return out
+
+
+# ----------------------------------------------------------------------------------- history
+def _git(root: Path, *args: str) -> Optional[str]:
+    try:
+        res = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return res.stdout
+
+
+@functools.lru_cache(maxsize=None)
+def _claims_at(root: Path, commit: str, rel: str) -> Dict[str, Any]:
+    text = _git(root, "show", f"{commit}:{rel}")
+    try:
+        doc = yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return {}
+    return (doc.get("claims") if isinstance(doc, dict) else None) or {}
+
+
+def _claim_at(root: Path, commit: str, rel: str, cid: str) -> Any:
+    return _claims_at(root, commit, rel).get(cid)
+
+
+def rule_commit(root: Path, study_file: Path, cid: str) -> Optional[str]:
+    """The commit that last changed claim ``cid`` of ``study_file`` ("worktree" when the working copy
+    differs from HEAD; None outside a repository)."""
+    rel = str(study_file.resolve().relative_to(root.resolve()))
+    log = _git(root, "log", "--format=%H", "--", rel)
+    if log is None:
+        return None
+    with open(study_file) as f:
+        now = ((yaml.safe_load(f) or {}).get("claims") or {}).get(cid)
+    commits = log.split()
+    if not commits or _claim_at(root, commits[0], rel, cid) != now:
+        return "worktree"
+    for newer, older in zip(commits, commits[1:] + [None]):
+        if older is None or _claim_at(root, older, rel, cid) != now:
+            return newer
+    return None  # pragma: no cover
+
+
+def results_commit(root: Path, results_file: Path) -> Optional[str]:
+    """The first commit that holds ``results_file`` ("worktree" when it is not committed yet)."""
+    rel = str(results_file.resolve().relative_to(root.resolve()))
+    log = _git(root, "log", "--format=%H", "--diff-filter=A", "--", rel)
+    if log is None:
+        return None
+    commits = log.split()
+    return commits[-1] if commits else "worktree"
+
+
+def rule_came(root: Path, study_file: Path, cid: str, results_file: Path) -> str:
+    """"before" when the claim's rule was committed before the first commit of the results it reads,
+    "after" otherwise; "no results yet" when there are none; "unknown" outside a git repository."""
+    if not results_file.is_file():
+        return "no results yet"
+    rule, res = rule_commit(root, study_file, cid), results_commit(root, results_file)
+    if rule is None or res is None:
+        return "unknown"
+    if rule == "worktree":
+        return "after"
+    if res == "worktree":
+        return "before"
+    if rule == res:
+        return "after"  # committed together: the rule was written with its results in view
+    is_ancestor = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor", rule, res],
+                                 capture_output=True).returncode == 0
+    return "before" if is_ancestor else "after"

@@ -1,0 +1,214 @@
+"""The findings table: every claim of the seed abstracts, with its data, rule, history and verdict.
+
+Claims are declared in the study files (``claims:``, see :mod:`recurvit.study.claims`); claims that no
+study here measures (counts, tested identities, what would need ImageNet or a GPU) in the study-less
+file ``studies/claims.yaml``. Nothing here trains or evaluates: the table is computed from the
+committed ``results/*/results.csv`` (and ``results/accounting/counts.json``, ``results/anytime*``),
+and whether each rule came before its results is read from the repository's history.
+
+    python scripts/findings.py           # writes results/findings.md (and the SoftMoR figure)
+    python scripts/findings.py --check   # CI: exit 1 when findings.md is out of date
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import UserError
+from . import rules
+from .claims import NOT_TESTED, Claim, decide_all, load_claims, rule_came
+from .spec import load_study
+from .stats import mean_ci
+
+SOURCES = ("Crossroads", "bViT", "SR-ViT", "LoopVAE", "recurvit")  # the table's order: the abstracts' claims first
+STUDYLESS = "claims.yaml"
+RULE_TEXT = {
+    "superiority": "superiority (95% interval of the difference on the claimed side)",
+    "noninferiority": "non-inferiority, margin {margin}",
+    "equivalence": "equivalence, margin ±{margin} (two one-sided tests)",
+    "trend": "trend (least-squares slope{over})",
+    "near_chance": "near chance, margin {margin}",
+    "heterogeneity": "heterogeneity (Welch ANOVA; uniform = pairwise equivalence within ±{margin})",
+    "all_of": "all of: {parts}",
+    "accounting": "accounting",
+    "identity": "identity, tested",
+    "needs": "needs",
+    "target": "a target met per seed; criterion and threshold chosen on the calibration split",
+}
+
+
+@dataclass
+class Line:
+    claim: Claim
+    study: str               # the results folder's name ("" for a study-less claim)
+    figure: str
+    verdict: str
+    came: str                # "before" / "after" / "no results yet" / "-"
+
+
+def _margin(claim: Claim) -> str:
+    m = claim.spec.get("margin")
+    if m is None:
+        return "-"
+    return f"{float(m) * claim.scale:g} {claim.unit}".strip()
+
+
+def rule_text(claim: Claim) -> str:
+    s = claim.spec
+    axis = s.get("x_name", s.get("axis"))
+    over = f" over log2({axis})" if s.get("log2") else f" over {axis}" if axis else ""
+    return RULE_TEXT[claim.rule].format(margin=_margin(claim), over=over, parts=", ".join(s.get("parts", [])))
+
+
+def decision_text(claim: Claim, d: rules.Decision) -> str:
+    label = claim.spec.get("label", claim.id)
+    if claim.rule == "all_of" or d.verdict == NOT_TESTED:
+        return f"{label}: {d.note}" if claim.rule != "all_of" else d.note
+    if d.verdict == rules.NOT_MEASURED:
+        return f"{label}: fewer than 2 runs per cell"
+    text = f"{label}: " + rules.fmt_decision(d, scale=claim.scale, unit=claim.unit)
+    n = min(d.n) if d.n else 0
+    if not math.isnan(d.seeds_needed) and d.verdict == rules.NOT_SEPARABLE:
+        need = "more than 1000" if math.isinf(d.seeds_needed) else f"{d.seeds_needed:.0f}"
+        text += f" (n = {n}; a 95% interval excludes 0 at this effect and spread with {need} seeds)"
+    return text
+
+
+def _studyless(claim: Claim, root: Path) -> Tuple[str, str]:
+    s = claim.spec
+    if claim.rule == "identity":
+        test = s["test"]
+        file, _, name = test.partition("::")
+        path = root / file
+        if not path.is_file() or not re.search(rf"^def {re.escape(name)}\(", path.read_text(), re.M):
+            raise UserError(f"claim {claim.id}: test {test} does not exist")
+        return f"`{test}`", "identity, tested"
+    if claim.rule == "accounting":
+        counts_file = root / "results" / "accounting" / "counts.json"
+        if not counts_file.is_file():
+            return "`python scripts/accounting.py` has not run", "not measured yet"
+        entries = {e["claim"]: e for e in json.loads(counts_file.read_text())["claims"]}
+        want = s["count"]  # {claim: <entry>, figure: <key of its measured counts>, text: "format {}"}
+        entry = entries.get(want["claim"])
+        if entry is None or want["figure"] not in entry["measured"]:
+            raise UserError(f"claim {claim.id}: {counts_file} has no count {want['claim']}/{want['figure']}")
+        got = entry["measured"][want["figure"]]
+        text = want["text"].format(*got.values()) if isinstance(got, dict) else want["text"].format(got)
+        paper = entry["paper"].get(want.get("paper", want["figure"]))
+        return f"{text} (paper: {paper:,} )".replace(" )", ")") if isinstance(paper, (int, float)) \
+            else f"{text} (paper: {paper})", "accounting"
+    return f"`{s['command']}`", f"needs {s['needs']}"
+
+
+def _anytime_lines(root: Path) -> List[Line]:
+    """Anytime exit (issue-free wording): a criterion is chosen per run kind on the calibration split
+    (fewest mean steps there, every criterion's threshold calibrated to the target drop there), and the
+    target is then counted per seed on the test split."""
+    from importlib import util
+
+    experiment = root / "experiments" / "anytime.py"
+    if not experiment.is_file():
+        return []
+    spec = util.spec_from_file_location("anytime_experiment", experiment)
+    module = util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    target = module.TARGET
+    words = (f"exit early at no more than {target['drop_points']:g} points of accuracy, ≤ {target['steps_pct_T']:g}% "
+             f"of T's steps and ≥ {target['speedup']:g}x images/s (the project's own target)")
+    lines = []
+    for kind in ("ds3", "random_depth", "vit_ds6_heads", "naive"):
+        runs: Dict[str, Dict[str, dict]] = {}
+        for p in sorted((root / "results" / "anytime" / "runs").glob(f"{kind}__seed=*/*/exit.json")):
+            runs.setdefault(p.parent.name, {})[p.parent.parent.name] = json.loads(p.read_text())
+        if not runs:
+            continue
+        calib = {c: mean_ci([e["calibration"]["mean_steps"] for e in per.values()])["mean"] for c, per in runs.items()}
+        best = min(calib, key=calib.get)  # chosen on the calibration split alone
+        tests = [e["test"] for e in runs[best].values()]
+        met = [t["drop_points"] <= target["drop_points"] and t["steps_pct_T"] <= target["steps_pct_T"]
+               and t["speedup"] >= target["speedup"] for t in tests]
+        per_seed = "; ".join(f"drop {t['drop_points']:+.2f}, {t['steps_pct_T']:.0f}%, {t['speedup']:.2f}x" for t in tests)
+        claim = Claim(f"anytime_{kind}", "recurvit", words, "target", {"data": "Fashion-MNIST, 10 epochs"})
+        verdict = ("target met in every seed" if all(met) else
+                   f"target met in {sum(met)} of {len(met)} seeds")
+        lines.append(Line(claim, "anytime", f"{kind}, criterion {best} (fewest calibration steps): {per_seed}",
+                          verdict, "after"))
+    return lines
+
+
+def collect(root: Path) -> List[Line]:
+    """Every claim with its verdict: the studies' claims, then the study-less ones, in the sources' order."""
+    lines: List[Line] = []
+    for path in sorted((root / "studies").glob("*.yaml")):
+        if path.name == STUDYLESS:
+            continue
+        study = load_study(path)
+        if not study.claims:
+            continue
+        results = study.results / "results.csv"
+        rows = []
+        if results.is_file():
+            from .report import rows_from_csv
+
+            rows = rows_from_csv(results, study)
+        decided = decide_all(study.claims, rows)
+        for c in study.claims:
+            d = decided[c.id]
+            if not rows:
+                figure, verdict = f"`recurvit study {path.relative_to(root)}` has not reported yet", "not measured yet"
+            else:
+                figure, verdict = decision_text(c, d), d.verdict
+            lines.append(Line(c, study.results.name, figure, verdict, rule_came(root, path, c.id, results)))
+    studyless = root / "studies" / STUDYLESS
+    if studyless.is_file():
+        for c in load_claims(studyless):
+            figure, verdict = _studyless(c, root)
+            lines.append(Line(c, "", figure, verdict, "-"))
+    lines += _anytime_lines(root)
+    order = {s: i for i, s in enumerate(SOURCES)}
+    return sorted(lines, key=lambda ln: order.get(ln.claim.source, len(order)))
+
+
+HEADER = """Generated by `python scripts/findings.py` from the committed results files and the repository's
+history; do not edit by hand.
+
+Each claim is declared with its rule in the study file that tests it (`claims:`; rule kinds in
+`src/recurvit/study/rules.py`). Verdicts: **reproduced** when the rule holds at 95%, **not reproduced**
+when the data contradict it, **not separable at this scale** when they do neither (the figure then says
+how many seeds would decide it at the observed effect and spread). A "no gain" claim is an equivalence
+claim with a stated margin, so it can fail. *Rule came* is read from git: **before** when the claim's
+rule was committed before the first commit of the results it reads, **after** otherwise."""
+
+
+def table(lines: Sequence[Line]) -> List[str]:
+    out = ["| # | source | claim | data · study | rule | rule came | deciding figure | verdict |",
+           "|---|---|---|---|---|---|---|---|"]
+    for i, ln in enumerate(lines, 1):
+        c = ln.claim
+        where = f"[{ln.study}](results/{ln.study}/report.md)" if ln.study else "-"
+        data = f"{c.data} · {where}" if c.data else where
+        out.append(f"| {i} | {c.source} | {c.words} | {data} | {rule_text(c)} | {ln.came} | {ln.figure} | "
+                   f"**{ln.verdict}** |")
+    return out
+
+
+def summary(lines: Sequence[Line]) -> List[str]:
+    counts: Dict[str, int] = {}
+    for ln in lines:
+        key = ln.verdict if not ln.verdict.startswith("needs") else "needs scale or data this machine lacks"
+        key = "target met in some seeds" if key.startswith("target met in ") and "every" not in key else key
+        counts[key] = counts.get(key, 0) + 1
+    came = sum(ln.came == "before" for ln in lines)
+    measured = sum(ln.came in ("before", "after") for ln in lines)
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return [f"{len(lines)} claims: {parts}. Of the {measured} rows decided from study results, {came} had their "
+            f"rule committed before those results."]
+
+
+def render(root: Path, extra: Sequence[str] = ()) -> str:
+    lines = collect(root)
+    return "\n".join([HEADER, "", *summary(lines), "", *table(lines), *extra]) + "\n"

@@ -1,0 +1,161 @@
+"""recurvit.study.claims: claims declared in a study file, decided by their rule from a study's rows,
+with a label the study lacks an error and the rule's history read from git."""
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recurvit.errors import UserError
+from recurvit.study import rules
+from recurvit.study.claims import decide_all, rule_came
+from recurvit.study.spec import load_study
+from recurvit.study.stats import welch
+
+
+def study_file(folder: Path, claims: dict, grid=None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "base.yaml").write_text("model: {name: bvit_tiny}\n")
+    doc = {"name": "tiny", "base": "base.yaml", "results": "results",
+           "grid": grid or {"regime": {"naive": {}, "ds3": {}, "vit": {}}, "train.seed": [0, 1, 2]},
+           "claims": claims}
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def claim(rule="superiority", **kw):
+    return {"source": "Crossroads", "words": "w", "rule": rule, **kw}
+
+
+def rows_of(acc: dict, key="acc_T", axis="regime", spread=(0.0, 0.01, -0.012)):
+    return [{"run_id": f"{g}__seed={s}", axis: g, "train.seed": str(s), key: a + spread[s], "chance": 0.1}
+            for g, a in acc.items() for s in range(3)]
+
+
+def test_a_label_or_axis_the_study_lacks_is_an_error_at_load(tmp_path):
+    with pytest.raises(UserError, match="axis 'regime' has no label 'ds2'"):
+        load_study(study_file(tmp_path / "a", {"c": claim(a={"regime": "ds2"}, b={"regime": "naive"})}))
+    with pytest.raises(UserError, match="no axis 'regim'"):
+        load_study(study_file(tmp_path / "b", {"c": claim(a={"regim": "ds3"}, b={"regime": "naive"})}))
+    with pytest.raises(UserError, match="label 'x'"):  # a label inside a list of labels
+        load_study(study_file(tmp_path / "c", {"c": claim(a={"regime": ["ds3", "x"]})}))
+    with pytest.raises(UserError, match="unknown key"):
+        load_study(study_file(tmp_path / "d", {"c": claim(a={"regime": "ds3"}, margn=0.1)}))
+    with pytest.raises(UserError, match="names part 'nope'"):
+        load_study(study_file(tmp_path / "e", {"c": claim("all_of", parts=["nope"])}))
+    ok = load_study(study_file(tmp_path / "f", {"c": claim(a={"regime": "ds3"}, b={"regime": "naive"})}))
+    assert [c.id for c in ok.claims] == ["c"]
+
+
+def test_each_rule_kind_decides_from_the_rows(tmp_path):
+    claims = {
+        "sup": claim(a={"regime": "vit"}, b={"regime": "naive"}),
+        "eq": claim("equivalence", margin=0.01, a={"regime": "ds3"}, b={"regime": "naive"}),
+        "eq_fails": claim("equivalence", margin=0.01, a={"regime": "vit"}, b={"regime": "naive"}),
+        "chance": claim("near_chance", margin=0.05, a={"regime": "naive"}, figure="acc_16T"),
+        "het": claim("heterogeneity", margin=0.01, groups={"n": {"regime": "naive"}, "v": {"regime": "vit"}}),
+        "both": claim("all_of", parts=["sup", "eq_fails"], qualified={"when": ["sup"], "verdict": "partly"}),
+    }
+    study = load_study(study_file(tmp_path, claims))
+    rows = rows_of({"naive": 0.80, "ds3": 0.801, "vit": 0.85}, spread=(0.0, 0.002, -0.002))
+    for r in rows:
+        r["acc_16T"] = 0.10 + (0.005 if r["train.seed"] == "1" else 0.0)
+    d = decide_all(study.claims, rows)
+    w = welch([r["acc_T"] for r in rows if r["regime"] == "vit"], [r["acc_T"] for r in rows if r["regime"] == "naive"])
+    assert d["sup"].verdict == rules.REPRODUCED and d["sup"].estimate == pytest.approx(w["diff"])
+    assert (d["sup"].lo, d["sup"].hi) == pytest.approx((w["lo"], w["hi"]))
+    assert d["eq"].verdict == rules.REPRODUCED  # 0.1 points apart, the same seed spread: within ±1 point
+    assert d["eq_fails"].verdict == rules.NOT_REPRODUCED  # 5 points apart: outside the margin
+    assert d["chance"].verdict == rules.REPRODUCED
+    assert d["het"].verdict == rules.REPRODUCED
+    assert d["both"].verdict == "partly"  # not all parts hold, but the qualifying one does
+
+
+def test_per_run_figures_list_labels_and_paired_trends(tmp_path):
+    grid = {"solver": {"euler": {}, "rk4": {}, "heun3": {}}, "train.seed": [0, 1, 2]}
+    claims = {
+        # each run's mean over the OTHER solvers' evaluations, less its own accuracy
+        "switch": claim(side=-1, a={"solver": ["rk4", "heun3"]},
+                        figure={"mean_of": ["variant_eval_euler", "variant_eval_rk4", "variant_eval_heun3"],
+                                "minus": "acc_T", "skip_own": "solver"}),
+        "refine": claim("equivalence", margin=0.01, a={"solver": "euler"}, figure="variant_refine - acc_T"),
+    }
+    study = load_study(study_file(tmp_path / "s", claims, grid))
+    rows = []
+    for s in range(3):
+        for solver, own in (("euler", 0.80), ("rk4", 0.82), ("heun3", 0.81)):
+            evals = {f"variant_eval_{m}": own - 0.02 - 0.001 * s for m in ("euler", "rk4", "heun3")}
+            evals[f"variant_eval_{solver}"] = own  # its own solver: skipped
+            rows.append({"solver": solver, "train.seed": str(s), "acc_T": own, "variant_refine": own + 0.001 * s,
+                         **evals})
+    d = decide_all(study.claims, rows)
+    assert d["switch"].n[0] == 6 and d["switch"].estimate == pytest.approx(-0.021)
+    assert d["switch"].verdict == rules.REPRODUCED
+    assert d["refine"].verdict == rules.REPRODUCED and d["refine"].estimate == pytest.approx(0.001)
+
+    grid = {"width": {"w32": {}, "w64": {}, "w128": {}}, "model": {"vit": {}, "bvit": {}}, "train.seed": [0, 1, 2]}
+    trend = {"gap": claim("trend", side=-1, axis="width", x={"w32": 32, "w64": 64, "w128": 128}, log2=True,
+                          paired=True, a={"model": "vit"}, b={"model": "bvit"})}
+    study = load_study(study_file(tmp_path / "w", trend, grid))
+    rows = []
+    for s in range(3):
+        for w, gap in (("w32", 0.04), ("w64", 0.03), ("w128", 0.02)):
+            rows += [{"width": w, "model": "vit", "train.seed": str(s), "acc_T": 0.8 + 0.01 * s},
+                     {"width": w, "model": "bvit", "train.seed": str(s), "acc_T": 0.8 + 0.01 * s - gap - 0.001 * s}]
+    d = decide_all(study.claims, rows)["gap"]
+    assert d.estimate == pytest.approx(-0.01) and d.n[0] == 9  # one point less gap per doubling
+    assert d.verdict == rules.REPRODUCED
+
+
+def test_a_reference_that_did_not_train_tests_nothing(tmp_path):
+    grid = {"variant": {"shared": {}, "unshared": {}}, "train.seed": [0, 1, 2]}
+    c = {"c": claim("noninferiority", margin=1.0, scale=1.0, unit="dB", figure="psnr", a={"variant": "shared"},
+                    b={"variant": "unshared"}, reference_baseline={"column": "baseline_psnr", "margin": 1.0})}
+    study = load_study(study_file(tmp_path, c, grid))
+    rows = [{"variant": v, "train.seed": str(s), "psnr": p + 0.1 * s, "baseline_psnr": 9.7}
+            for v, p in (("shared", 20.0), ("unshared", 10.0)) for s in range(3)]
+    assert decide_all(study.claims, rows)["c"].verdict.startswith("not tested")
+    for r in rows:
+        r["psnr"] += 10 * (r["variant"] == "unshared")  # now the reference trained
+    assert decide_all(study.claims, rows)["c"].verdict == rules.REPRODUCED
+
+
+def git(root: Path, *args):
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+
+def test_history_says_whether_a_rule_came_before_its_results(tmp_path):
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "config", "user.email", "t@t")
+    git(tmp_path, "config", "user.name", "t")
+    first = {"early": claim(a={"regime": "vit"}, b={"regime": "naive"})}
+    path = study_file(tmp_path, first)
+    results = tmp_path / "results" / "results.csv"
+    assert rule_came(tmp_path, path, "early", results) == "no results yet"
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "the rule")
+    results.parent.mkdir()
+    results.write_text("run_id\n")
+    assert rule_came(tmp_path, path, "early", results) == "before"  # results not committed yet
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-qm", "the results")
+    assert rule_came(tmp_path, path, "early", results) == "before"
+    later = {**first, "late": claim(a={"regime": "ds3"}, b={"regime": "naive"})}
+    study_file(tmp_path, later)
+    assert rule_came(tmp_path, path, "late", results) == "after"  # in the work tree only
+    git(tmp_path, "commit", "-qam", "a rule written after its results")
+    assert rule_came(tmp_path, path, "late", results) == "after"
+    assert rule_came(tmp_path, path, "early", results) == "before"  # other claims of the file unchanged
+    changed = {**later, "early": claim(a={"regime": "vit"}, b={"regime": "naive"}, side=-1)}
+    study_file(tmp_path, changed)
+    git(tmp_path, "commit", "-qam", "the early rule changed after its results")
+    assert rule_came(tmp_path, path, "early", results) == "after"
+
+
+
+def test_history_outside_a_repository_is_unknown(tmp_path):
+    path = study_file(tmp_path, {"c": claim(a={"regime": "vit"}, b={"regime": "naive"})})
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "results.csv").write_text("run_id\n")
+    assert rule_came(tmp_path, path, "c", tmp_path / "results" / "results.csv") == "unknown"
