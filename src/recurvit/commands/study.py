@@ -78,6 +78,7 @@ def cluster_options(args):
 def run(args) -> int:
     from ..errors import UserError
     from ..study import collect, load_study, run_dir_root, run_study, write_report
+    from ..study.runner import archive, archived
 
     workers = 1 if args.workers is None else args.workers
     if workers < 1:
@@ -105,6 +106,10 @@ def run(args) -> int:
             rows = rows_from_csv(saved, study)
         if not rows:
             raise UserError(f"no finished runs in {out} and no {saved}; run the study first")
+        for r in rows:  # a result the results folder does not keep yet (a run of an older runner)
+            copy = archived(study, r.get("run_id", ""))
+            if copy is not None and not copy.is_file():
+                archive(study, r)
     elif args.launcher == "submitit":
         from ..study.launch import run_study_submitit
 
