@@ -304,3 +304,22 @@ def test_plain_recursion_passes_the_last_step_on(layout):
         assert torch.equal(one(x), vit(x))
     with pytest.raises(UserError, match="router does not apply"):
         create_model("srvit_tiny", recursions=2, mixture="last", router="query", **SMALL)
+
+
+def test_the_matched_plain_recursion_of_the_softmor_study_stores_the_query_routers_parameters():
+    """studies/fashion_softmor_plateau.yaml compares SoftMoR with plain recursion at matched stored
+    parameters: plain recursion gets a wider MLP instead of the router (within 0.1%)."""
+    from recurvit.config import load_config
+    from recurvit.study import load_study
+    from recurvit.train import checkpoint as ckpt_io
+
+    study = load_study("studies/fashion_softmor_plateau.yaml")
+    runs = {r.labels["variant"]: r for r in study.runs if r.labels["train.seed"] == "0"}
+
+    def stored(label):
+        cfg = load_config(str(runs[label].base), runs[label].overrides + ["model.img_size=28", "model.in_chans=1",
+                                                                         "model.num_classes=10"])
+        return sum(p.numel() for p in ckpt_io.build_model_from_config(cfg).parameters())
+
+    query, matched, plain = stored("r4_query"), stored("r4_last_matched"), stored("r4_last")
+    assert abs(matched / query - 1) < 1e-3 and plain < 0.95 * query
