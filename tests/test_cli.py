@@ -91,3 +91,17 @@ def test_flops_runs_on_the_default_device_and_counts_the_router(capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["params_core"] == 12 * (192 * 192 + 2) and res["flops_core"] > 0
     assert res["flops_analytic"] == res["flops_forward"]  # the closed form includes the router's matmuls
+
+
+def test_help_imports_no_torch_and_the_exit_criteria_match_the_models():
+    import subprocess
+    import sys
+
+    from recurvit.commands.exit import CRITERIA
+    from recurvit.models.adaptive import CRITERIA as MODEL_CRITERIA
+
+    assert CRITERIA == MODEL_CRITERIA
+    code = "import sys; from recurvit.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n" \
+           "print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "False"

@@ -94,7 +94,7 @@ def test_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_result(study
         assert rows["a"][key] == pytest.approx(rows["b"][key], rel=1e-6), key
     logs = "".join(p.read_text() for p in (out / "slurm").glob("*_log.*"))
     assert "run a interrupted (preempted or out of time); requeued" in logs
-    assert (study_file.parent / "out_results" / "report.md").is_file()
+    assert (out / "results" / "report.md").is_file()  # --out moves the results too
 
     # the study is complete: the same command submits nothing
     lines = []

@@ -322,3 +322,137 @@ def test_every_progress_bar_asks_whether_someone_watches(monkeypatch):
     monkeypatch.setattr(runtime.sys.stderr, "isatty", lambda: False, raising=False)
     items = [1, 2, 3]
     assert per_step._progress(items, True, "x") is items  # piped: the plain iterable, no bar
+
+
+# ------------------------------------------------------------------- studies nothing can corrupt
+def _study(tmp_path, grid: str, extra: str = "", epochs: int = 1):
+    (tmp_path / "base.yaml").write_text("model: {name: bvit_tiny, patch_size: 4, embed_dim: 24, num_heads: 2, "
+                                        f"steps: 2}}\ndata: {{name: digits}}\ntrain: {{epochs: {epochs}, batch_size: 256}}\n")
+    (tmp_path / "s.yaml").write_text(f"name: k\nbase: base.yaml\ngrid:\n{grid}\neval: {{max_steps_factor: 1}}\n"
+                                     f"results: res\n{extra}")
+    return tmp_path / "s.yaml"
+
+
+@pytest.mark.parametrize("grid,needle", [
+    ("  regime:\n    ../../x: {}\n", "grid label '../../x'"),
+    ("  regime:\n    /abs: {}\n", "grid label '/abs'"),
+    ("  regime:\n    '..': {}\n", "grid label '..'"),
+    ("  train.seed: [0, 0]\n", "lists 0 more than once"),
+])
+def test_a_label_that_would_leave_the_runs_folder_or_count_twice_is_refused(tmp_path, capsys, grid, needle):
+    res = run_main("study", _study(tmp_path, grid), "--out", tmp_path / "o", capsys=capsys)
+    assert res.returncode == 2 and needle in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
+    assert not (tmp_path / "o").exists() and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ("wokers: 2\n", "unknown key 'wokers'"),
+    ("eval2: {}\n", "did you mean 'eval'"),
+    ("report: {frontir: true}\n", "did you mean 'report.frontier'"),
+])
+def test_a_misspelt_study_key_names_the_nearest_valid_one(tmp_path, capsys, extra, needle):
+    res = run_main("study", _study(tmp_path, "  train.seed: [0]\n", extra), capsys=capsys)
+    assert res.returncode == 2 and needle in res.stderr, res.stderr
+
+
+def test_a_huge_grid_is_refused_before_it_is_expanded(tmp_path, capsys):
+    axes = "".join(f"  a{i}: [{', '.join(map(str, range(10)))}]\n" for i in range(7))  # 10^7 runs
+    res = run_main("study", _study(tmp_path, axes), capsys=capsys)
+    assert res.returncode == 2 and "10,000,000 runs" in res.stderr, res.stderr
+
+
+def test_a_study_folder_has_one_writer(tmp_path, capsys):
+    from recurvit.commands.study import study_lock
+
+    spec = _study(tmp_path, "  train.seed: [0]\n")
+    with study_lock(tmp_path / "o"):  # as another `recurvit study` holds it
+        res = run_main("study", spec, "--out", tmp_path / "o", capsys=capsys)
+    assert res.returncode == 2 and "another `recurvit study` is writing" in res.stderr, res.stderr
+    assert not (tmp_path / "o" / "runs").exists()
+
+
+def test_a_corrupt_result_is_evaluated_again_and_a_failed_study_exits_1(tmp_path, capsys):
+    spec = _study(tmp_path, "  train.seed: [0, 1]\n")
+    out = tmp_path / "o"
+    assert run_main("study", spec, "--out", out, "--json", capsys=capsys).returncode == 0
+    (out / "runs" / "seed=0" / "result.json").write_text('{"run_id": "seed=0", "acc_T": ')  # torn
+    (out / "results" / "runs" / "seed=0" / "result.json").unlink()
+    res = run_main("study", spec, "--out", out, "--report-only", "--json", capsys=capsys)
+    assert res.returncode == 1 and "1 of 2 runs failed" in res.stderr  # reported, not a traceback
+    res = run_main("study", spec, "--out", out, "--json", capsys=capsys)  # evaluated again from last.pt
+    assert res.returncode == 0, res.stderr
+    assert all("error" not in r for r in json.loads(res.stdout)["rows"])
+    assert json.loads((out / "runs" / "seed=0" / "result.json").read_text())["acc_T"] > 0
+
+
+def test_a_killed_worker_fails_its_run_only(tmp_path):
+    spec = _study(tmp_path, "  train.seed: [0, 1]\n", epochs=30)
+    out = tmp_path / "o"
+    p = start("study", spec, "--workers", "2", "--out", out, "--json")
+    locks = [out / "runs" / f"seed={s}" / ".lock" for s in (0, 1)]
+    t0 = time.time()
+    while not all(lock.is_file() and lock.read_text().strip() for lock in locks):
+        assert p.poll() is None and time.time() - t0 < 240, p.communicate()
+        time.sleep(0.2)
+    os.kill(int(locks[0].read_text()), signal.SIGKILL)  # the OOM killer takes one worker
+    stdout, stderr = p.communicate(timeout=600)
+    assert p.returncode == 1, stderr
+    rows = {r["run_id"]: r for r in json.loads(stdout)["rows"]}
+    assert "worker process died" in rows["seed=0"]["error"] and "error" not in rows["seed=1"]
+    assert rows["seed=1"]["epochs"] == 30
+
+
+def test_a_bare_resume_never_trains_the_default_config(tmp_path, capsys, monkeypatch):
+    empty = tmp_path / "killed_early"
+    empty.mkdir()
+    (empty / ".lock").write_text("12345\n")  # killed before it wrote anything
+    res = run_main("train", "--resume", empty, capsys=capsys)
+    assert res.returncode == 2 and "stopped before it wrote its config.yaml" in res.stderr, res.stderr
+    assert sorted(p.name for p in empty.iterdir()) == [".lock"]
+    # the config is on disk while epoch 1 trains, so a run killed there resumes as itself
+    import recurvit.train.loop as loop
+
+    seen = {}
+    real = loop.train_one_epoch
+
+    def spy(*a, **kw):
+        seen.setdefault("config", (tmp_path / "r" / "config.yaml").read_text())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(loop, "train_one_epoch", spy)
+    assert run_main("train", "model.name=vit_tiny", "model.depth=2", *TINY[:2], "train.epochs=1",
+                    "--out", tmp_path / "r", capsys=capsys).returncode == 0
+    assert yaml.safe_load(seen["config"])["model"]["name"] == "vit_tiny"
+
+
+def test_killing_a_multi_process_train_takes_torchrun_and_its_ranks_with_it(tmp_path):
+    run = tmp_path / "ddp"
+    p = start("train", *TINY, "train.epochs=5000", "train.device=cpu", "--nproc", "2", "--out", run)
+    lock = run / ".lock"
+    t0 = time.time()
+    while not (lock.is_file() and lock.read_text().strip()):
+        assert p.poll() is None and time.time() - t0 < 240, p.communicate()
+        time.sleep(0.2)
+    rank0 = int(lock.read_text())
+    with open(f"/proc/{rank0}/stat") as f:  # rank 0's parent is torchrun's agent
+        torchrun = int(f.read().rsplit(")", 1)[1].split()[1])
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    t0 = time.time()
+    while _alive(rank0) or _alive(torchrun):
+        assert time.time() - t0 < 30, f"torchrun {torchrun} / rank 0 {rank0} outlived `recurvit train --nproc 2`"
+        time.sleep(0.2)
+
+
+def test_a_torn_metrics_line_past_the_checkpoint_is_dropped_and_one_within_it_is_named(trained, tmp_path, capsys):
+    run = copy_run(trained, tmp_path)
+    good = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(good + '{"epoch": 3, "train_lo')  # torn by a kill after epoch 2's checkpoint
+    res = run_main("train", "--resume", run, "train.epochs=3", capsys=capsys)
+    assert res.returncode == 0, res.stderr
+    assert epochs(run) == [1, 2, 3]
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join([lines[0], "not json", *lines[1:]]) + "\n")
+    res = run_main("train", "--resume", run, "train.epochs=4", capsys=capsys)
+    assert res.returncode == 2 and "metrics.jsonl, line 2: not a metrics line" in res.stderr, res.stderr
+    assert len(res.stderr.splitlines()) == 1

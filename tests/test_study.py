@@ -67,15 +67,18 @@ def test_only_runs_the_chosen_runs_and_the_report_names_the_rest(study_file, tmp
     out = tmp_path / "study"
     assert main(["study", str(study_file), "--out", str(out), "--only", "rec__*", "vit__seed=1", "--json"]) == 0
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["rec__seed=0", "rec__seed=1", "vit__seed=1"]
-    report = (tmp_path / "out_results" / "report.md").read_text()
+    report = (out / "results" / "report.md").read_text()  # --out moves the results too
+    assert not (tmp_path / "out_results").exists()
     assert "**Partial study**: 3 of its 6 runs are in; not run yet (runs): `vit` (1), `bad` (2)." in report
     capsys.readouterr()
     assert main(["study", str(study_file), "--out", str(out), "--only", "nothing*"]) == 2
     assert "--only nothing* matches none of the study's 6 runs" in capsys.readouterr().err
     assert main(["study", str(study_file), "--out", str(out), "--only", "vit__*", "--json"]) == 0
-    assert "Partial study**: 4 of its 6" in (tmp_path / "out_results" / "report.md").read_text()
-    assert main(["study", str(study_file), "--out", str(out), "--json"]) == 0  # the rest: complete
-    assert "Partial" not in (tmp_path / "out_results" / "report.md").read_text()
+    assert "Partial study**: 4 of its 6" in (out / "results" / "report.md").read_text()
+    # the rest: complete; its two bad runs fail, so the study exits 1 (and says where the errors are)
+    assert main(["study", str(study_file), "--out", str(out), "--json"]) == 1
+    assert "2 of 6 runs failed" in capsys.readouterr().err
+    assert "Partial" not in (out / "results" / "report.md").read_text()
 
 
 def test_study_file_errors(tmp_path):

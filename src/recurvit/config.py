@@ -56,6 +56,9 @@ class DataConfig:
     # imagefolder: False: an unreadable image stops the run with its path; True: images PIL cannot open
     # or verify are left out when the data set is built (the count is reported)
     skip_bad_images: bool = False
+    # imagefolder: False: a symlink under data.root that points outside it is refused (with its name);
+    # True: such links are followed. A symlink loop is an error either way
+    follow_symlinks: bool = False
     holdout: float = 0.0  # fraction of the training split kept out of training (seeded): calibration data
     # synthetic data set (tests and benchmarks)
     synthetic_train: int = 256

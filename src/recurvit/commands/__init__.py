@@ -62,7 +62,13 @@ def load_run_config(args, load, default_path: str):
         if foreign:
             raise UserError(f"cannot resume: {args.resume} has no config.yaml and holds {', '.join(foreign[:3])}: "
                             "it is not a run directory")
-        return load(config or default_path, overrides)
+        if config is None:  # never the default config under the run's name
+            from ..train.rundir import RunDir
+
+            RunDir.resume(args.resume).release()  # a run still going is "in use", not "without a config"
+            raise UserError(f"cannot resume {args.resume}: it stopped before it wrote its config.yaml, so its "
+                            f"settings are unknown; start it again with its original command and --out {args.resume}")
+        return load(config, overrides)
     if config is not None:
         raise UserError("--resume reads the run's own config.yaml; give only key=value overrides with it")
     return load(args.resume / "config.yaml", overrides)

@@ -25,7 +25,7 @@ def add_parser(sub):
 def run(args) -> int:
     from ..errors import UserError
     from ..train.budget import check_eval_cost
-    from ..train.checkpoint import load_model_and_config
+    from ..train.checkpoint import check_finite, load_model_and_config
     from ..train.loop import evaluate
     from ..train.runtime import build_test_loader, pick_device
 
@@ -33,6 +33,7 @@ def run(args) -> int:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     options = parse_overrides(args.options)
     model, cfg = load_model_and_config(args.run, **options)
+    check_finite(model, args.run)  # NaN weights would report a meaningless accuracy (a constant argmax)
     if args.data_root:
         cfg.data.root = args.data_root
     device = pick_device(args.device)

@@ -7,9 +7,11 @@ from pathlib import Path
 from . import add_device_arg, add_force_arg, print_json
 
 
-def add_parser(sub):
-    from ..models.adaptive import CRITERIA
+CRITERIA = ("kl", "entropy", "max_prob", "state")  # models.adaptive.CRITERIA (a test keeps them equal); no torch
+                                                   # import here, so that `recurvit --help` stays fast
 
+
+def add_parser(sub):
     p = sub.add_parser("exit", help="anytime inference: each image stops when its prediction has settled",
                        description="Calibrates an exit threshold on 10% of the TRAINING split (seeded, no "
                                    "augmentation; the test split is not read for it), then evaluates it once on the "

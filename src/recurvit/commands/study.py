@@ -6,8 +6,10 @@
 each pending run as a Slurm job through submitit (see recurvit/study/launch.py)."""
 from __future__ import annotations
 
+import os
 import shlex
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from . import print_json
@@ -18,7 +20,7 @@ def add_parser(sub):
                        description="Expands a study file's grid (see recurvit/study/spec.py) into runs under one "
                                    "study directory, skips finished runs (an interrupted study resumes; a study that "
                                    "asks for more evaluation re-evaluates finished runs without training them), and "
-                                   "writes results.csv, report.md (95%% intervals over seeds) and plots.")
+                                   "writes results.csv, report.md (95% intervals over seeds) and plots.")
     p.add_argument("study", type=Path, help="study YAML (see studies/)")
     p.add_argument("--workers", type=int, default=None,
                    help="runs at a time, each in its own process with cores/N threads (default 1; --launcher local)")
@@ -77,9 +79,7 @@ def cluster_options(args):
 
 def run(args) -> int:
     from ..errors import UserError
-    from ..study import collect, load_study, run_dir_root, run_study, write_report
-    from ..study.runner import archive, archived
-
+    from ..study import load_study, run_dir_root
     workers = 1 if args.workers is None else args.workers
     if workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
@@ -94,6 +94,17 @@ def run(args) -> int:
             raise UserError(f"{', '.join(named)}: only with --launcher submitit")
     study = load_study(args.study)
     out = args.out or run_dir_root(study)
+    if args.out is not None:  # --out moves everything the study writes, its results folder too
+        study.results = Path(args.out) / "results"
+    with study_lock(Path(out), args.report_only):
+        return _run(args, study, Path(out), workers, opts if args.launcher == "submitit" else None)
+
+
+def _run(args, study, out, workers, opts) -> int:
+    from ..errors import UserError
+    from ..study import collect, run_study, write_report
+    from ..study.archive import archive, archived
+
     log = (lambda *a, **k: None) if args.json else print
     if args.report_only and args.only:
         raise UserError("--only picks runs to train; --report-only trains none")
@@ -120,9 +131,36 @@ def run(args) -> int:
     if args.report_only and command:  # the command that made the runs, not the one that re-read them
         command = f"recurvit study {shlex.quote(str(args.study))}    # this report: --report-only"
     report = write_report(rows, study, study.results or out, command=command)
+    failed = [r for r in rows if "error" in r]
     if args.json:
-        print_json({"study": study.name, "runs": len(rows), "report": str(report), "rows": rows})
+        print_json({"study": study.name, "runs": len(rows), "failed": len(failed), "report": str(report),
+                    "rows": rows})
     else:
         print(report.read_text().split("![")[0].rstrip())
         print(f"\nwrote {report} and results.csv, plots beside it; runs in {out}")
+    if failed:
+        print(f"recurvit study: {len(failed)} of {len(rows)} runs failed; their errors are in the report's "
+              f"'Failed runs' and in {out / 'runs'}/<run>/error.txt", file=sys.stderr)
+        return 1
     return 0
+
+
+@contextmanager
+def study_lock(out: Path, reading: bool = False):
+    """One writer for a study folder: a second `recurvit study` on the same folder is refused at once
+    (its runs would each be "in use" and its report would call them failed)."""
+    import fcntl
+
+    from ..errors import UserError
+
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / ".study.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another `recurvit study` is writing {out}; wait for it to end"
+                            + ("" if reading else " (or give this one another --out)")) from None
+        yield
+    finally:
+        os.close(fd)

@@ -18,7 +18,7 @@ from . import transforms as T
 from .sources import (CIFAR_CLASSES, DIGITS_SPLIT_SEED, DIGITS_TEST_SIZE, FASHION_FILES,  # noqa: F401 (re-exported)
                       IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, _find_idx, _to_nchw, load_cifar, load_digits_split,
                       load_fashion_mnist, make_synthetic, read_idx)
-from .images import CheckedImageFolder
+from .images import CheckedImageFolder, shown
 
 if TYPE_CHECKING:
     from ..config import DataConfig
@@ -150,7 +150,7 @@ def _image_folder(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Da
         raise UserError("data.name=imagefolder needs data.root=DIR with train/<class>/* and val/<class>/* images")
     root = Path(cfg.root).expanduser()
     dirs = {split: root / split for split in ("train", "val")}
-    missing = [str(d) for d in dirs.values() if not d.is_dir()]
+    missing = [shown(d) for d in dirs.values() if not d.is_dir()]
     if missing:
         raise UserError(f"imagefolder: expected class folders in {' and '.join(missing)} (train/<class>/*.png|jpg)")
     size = int(cfg.img_size or 224)
@@ -158,29 +158,33 @@ def _image_folder(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Da
     padding, hflip = _augment_options(cfg, size)
     train_tf = T.folder_train_transform(size, mean, std, padding, hflip, bool(cfg.randaugment))
     test_tf = T.folder_test_transform(size, mean, std)
-    skip = bool(cfg.skip_bad_images)
+    opts = dict(skip_bad=bool(cfg.skip_bad_images), follow_symlinks=bool(cfg.follow_symlinks),
+                data_root=root)
     try:
-        test = CheckedImageFolder(dirs["val"], transform=test_tf, skip_bad=skip)
+        test = CheckedImageFolder(dirs["val"], transform=test_tf, **opts)
         # an evaluation reads val/ only (scanning an ImageNet-sized train/ costs minutes)
-        train = CheckedImageFolder(dirs["train"], transform=train_tf, skip_bad=skip) if with_train else None
+        train = CheckedImageFolder(dirs["train"], transform=train_tf, **opts) if with_train else None
     except (FileNotFoundError, OSError) as e:
-        raise UserError(f"imagefolder under {root}: {str(e).splitlines()[0]}") from None
+        msg = str(e)
+        for d in dirs.values():  # torchvision names the folder as it is: a newline in it would end the line
+            msg = msg.replace(str(d), shown(d))
+        raise UserError(f"imagefolder under {shown(root)}: {msg.splitlines()[0] if msg else type(e).__name__}") from None
     for split, ds in (("train", train), ("val", test)):
         if ds is not None and ds.skipped and len(ds) == 0:
-            raise UserError(f"imagefolder: none of the {len(ds.skipped)} images in {dirs[split]} can be read")
+            raise UserError(f"imagefolder: none of the {len(ds.skipped)} images in {shown(dirs[split])} can be read")
     if train is None:
         info = DatasetInfo(cfg.name, size, 3, len(test.classes), mean, std, len(test.skipped), ())
         return None, test, info
     if train.classes != test.classes:
         raise UserError(
-            f"imagefolder: {dirs['train']} has {len(train.classes)} classes but {dirs['val']} has"
+            f"imagefolder: {shown(dirs['train'])} has {len(train.classes)} classes but {shown(dirs['val'])} has"
             f" {len(test.classes)} (or different names); they must match"
         )
     skipped = train.skipped + test.skipped
     notes: tuple[str, ...] = ()
     if skipped:
         notes = (f"imagefolder: left out {len(skipped)} unreadable image(s) ({len(train.skipped)} train,"
-                 f" {len(test.skipped)} val; data.skip_bad_images=true), first {skipped[0]}",)
+                 f" {len(test.skipped)} val; data.skip_bad_images=true), first {shown(skipped[0])}",)
     info = DatasetInfo(cfg.name, size, 3, len(train.classes), mean, std, len(skipped), notes)
     return train, test, info
 

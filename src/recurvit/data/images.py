@@ -9,9 +9,17 @@ data.skip_bad_images=true: every image is opened and verified once (`Image.verif
 for PNG the chunk checksums; cheap, threads) when the data set is built, and those that fail are left
 out and listed in `CheckedImageFolder.skipped`. `verify()` does not decode pixels, so a JPEG truncated
 inside its image data passes it; such a file still ends the run with its path when it is read.
+
+Symbolic links (`check_links`, one walk of the folder's directory entries before torchvision's own,
+which follows every link): a link that points outside the data folder (data.root) is refused with its
+name unless data.follow_symlinks=true; a link loop (a link to itself, or to a folder above it, which
+torchvision would walk round until the path is too long) is an error naming the link, whatever the
+option. A path is written as it is in messages, or with repr() when it holds a newline or another
+character that is not printable (so the message stays one line).
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import zlib
@@ -21,6 +29,7 @@ from typing import Callable, Optional
 
 from PIL import Image, UnidentifiedImageError
 from torchvision import datasets as tvd
+from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension
 
 from ..errors import UserError
 
@@ -30,6 +39,14 @@ PIL_ERRORS: tuple[type[BaseException], ...] = (
     OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error, Image.DecompressionBombError,
 )
 SKIP_OPTION = "data.skip_bad_images=true"
+FOLLOW_OPTION = "data.follow_symlinks=true"
+
+
+def shown(path: str | os.PathLike) -> str:
+    """``path`` for a one-line message: as it is, or repr() of it when it holds a newline (or another
+    character that is not printable)."""
+    text = os.fspath(path)
+    return text if text.isprintable() else repr(text)
 
 
 class UnreadableImageError(UserError):
@@ -76,7 +93,7 @@ def load_image(path: str, checked: bool = False) -> Image.Image:
                     " delete or replace it")
         else:
             hint = f"delete or replace it, or set {SKIP_OPTION} to leave unreadable images out"
-        raise UnreadableImageError(f"cannot read image {path} ({_reason(e)}); {hint}") from None
+        raise UnreadableImageError(f"cannot read image {shown(path)} ({_reason(e)}); {hint}") from None
 
 
 def image_problem(path: str) -> Optional[str]:
@@ -97,14 +114,84 @@ def find_unreadable(paths: list[str], threads: Optional[int] = None) -> list[str
     return [p for p, problem in zip(paths, problems) if problem is not None]
 
 
+def _inside(path: str, folder: str) -> bool:
+    try:
+        return os.path.commonpath([path, folder]) == folder
+    except ValueError:  # different drives
+        return False
+
+
+def _link_target(link: str) -> Optional[str]:
+    """The real path a symlink leads to; None when it leads nowhere (a dangling link: the loader names
+    it when it is read); UserError for a loop."""
+    try:
+        return os.path.realpath(link, strict=True)
+    except FileNotFoundError:
+        return None
+    except (OSError, RuntimeError) as e:  # ELOOP (3.13 raises OSError, earlier versions RuntimeError too)
+        if isinstance(e, OSError) and e.errno not in (errno.ELOOP, None):
+            return None
+        raise UserError(f"imagefolder: {shown(link)} is a symlink loop (its links lead round in a circle); "
+                        "remove it or point it at an image or a folder") from None
+
+
+def check_links(top: str | os.PathLike, data_root: str | os.PathLike, follow: bool = False) -> None:
+    """UserError for a symlink under ``top`` that points outside ``data_root`` (unless ``follow``) or
+    that makes a loop. Walks what torchvision's ImageFolder reads: ``top``'s class folders, the folders
+    under them (links followed) and the image files in them; ``top`` itself is checked too."""
+    root_real = os.path.realpath(data_root)
+    if os.path.islink(top):
+        real = _link_target(os.fspath(top))
+        if real is not None and not follow and not _inside(real, root_real):
+            raise _outside(os.fspath(top), real, data_root)
+    stack = [(os.fspath(top), (os.path.realpath(top),), True)]
+    while stack:
+        folder, ancestors, is_top = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue  # torchvision's walk leaves out what it cannot list, and so do we
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()  # follows a link
+            except OSError:  # a link loop (ELOOP): _link_target names it below
+                is_dir = False
+            if not is_dir and (is_top or not has_file_allowed_extension(entry.name, IMG_EXTENSIONS)):
+                continue  # a file torchvision does not read
+            if entry.is_symlink():
+                real = _link_target(entry.path)  # UserError for a loop
+                if real is None:
+                    continue
+                if not follow and not _inside(real, root_real):
+                    raise _outside(entry.path, real, data_root)
+            elif is_dir:
+                real = os.path.join(ancestors[-1], entry.name)  # a real folder's entry that is no link
+            else:
+                continue
+            if is_dir:
+                if real in ancestors or _inside(ancestors[-1], real):  # a folder above this one, walked again
+                    raise UserError(f"imagefolder: {shown(entry.path)} is a symlink loop (it points to "
+                                    f"{shown(real)}, a folder above it); remove it")
+                stack.append((entry.path, ancestors + (real,), False))
+
+
+def _outside(link: str, real: str, data_root: str | os.PathLike) -> UserError:
+    return UserError(f"imagefolder: {shown(link)} is a symlink to {shown(real)}, outside the data folder "
+                     f"{shown(data_root)}; move the file into it, or set {FOLLOW_OPTION} to read it")
+
+
 class CheckedImageFolder(tvd.ImageFolder):
-    """torchvision's ImageFolder with `load_image` as its loader.
+    """torchvision's ImageFolder with `load_image` as its loader, and its symlinks checked first
+    (`check_links`: inside ``data_root``, default ``root``, unless ``follow_symlinks``; no loops).
 
     skip_bad=True: every image is verified here and the unreadable ones are left out of `samples`,
     `imgs` and `targets`; their paths are in `skipped` (always a list, empty when nothing was left out).
     """
 
-    def __init__(self, root: str | os.PathLike, transform: Optional[Callable] = None, skip_bad: bool = False):
+    def __init__(self, root: str | os.PathLike, transform: Optional[Callable] = None, skip_bad: bool = False,
+                 follow_symlinks: bool = False, data_root: Optional[str | os.PathLike] = None):
+        if os.path.isdir(root):  # a missing folder: torchvision's own error
+            check_links(root, root if data_root is None else data_root, follow_symlinks)
         super().__init__(root, transform=transform, loader=partial(load_image, checked=skip_bad))
         self.skipped: list[str] = []
         if skip_bad:
@@ -116,4 +203,5 @@ class CheckedImageFolder(tvd.ImageFolder):
                 self.targets = [target for _, target in self.samples]
 
 
-__all__ = ["CheckedImageFolder", "UnreadableImageError", "find_unreadable", "image_problem", "load_image"]
+__all__ = ["CheckedImageFolder", "UnreadableImageError", "check_links", "find_unreadable", "image_problem", "load_image",
+           "shown"]

@@ -44,10 +44,8 @@ silent "not measured". No claim branches on a core's name: cells are grid labels
 """
 from __future__ import annotations
 
-import functools
 import math
 import statistics
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -56,8 +54,8 @@ import yaml
 
 from ..errors import UserError
 from . import rules
-from .spec import SEED_KEY
 
+SEED_KEY = "train.seed"  # the grid axis a study averages over (recurvit.study.spec uses this one)
 RULE_KINDS = ("superiority", "noninferiority", "equivalence", "trend", "near_chance", "heterogeneity", "all_of")
 ROW_KINDS = ("accounting", "identity", "needs")
 NOT_TESTED = "not tested (the reference did not train)"
@@ -292,73 +290,3 @@ def decide_all(claims: Sequence[Claim], rows: List[Row]) -> Dict[str, rules.Deci
     for c in sorted(claims, key=lambda c: c.rule == "all_of"):
         out[c.id] = decide(c, rows, out)
     return out
-
-
-# ----------------------------------------------------------------------------------- history
-def _git(root: Path, *args: str) -> Optional[str]:
-    try:
-        res = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return res.stdout
-
-
-@functools.lru_cache(maxsize=None)
-def _claims_at(root: Path, commit: str, rel: str) -> Dict[str, Any]:
-    text = _git(root, "show", f"{commit}:{rel}")
-    try:
-        doc = yaml.safe_load(text) if text else None
-    except yaml.YAMLError:
-        return {}
-    return (doc.get("claims") if isinstance(doc, dict) else None) or {}
-
-
-def _claim_at(root: Path, commit: str, rel: str, cid: str) -> Any:
-    return _claims_at(root, commit, rel).get(cid)
-
-
-def rule_commit(root: Path, study_file: Path, cid: str) -> Optional[str]:
-    """The commit that last changed claim ``cid`` of ``study_file`` ("worktree" when the working copy
-    differs from HEAD; None outside a repository)."""
-    rel = str(study_file.resolve().relative_to(root.resolve()))
-    log = _git(root, "log", "--format=%H", "--", rel)
-    if log is None:
-        return None
-    with open(study_file) as f:
-        now = ((yaml.safe_load(f) or {}).get("claims") or {}).get(cid)
-    commits = log.split()
-    if not commits or _claim_at(root, commits[0], rel, cid) != now:
-        return "worktree"
-    for newer, older in zip(commits, commits[1:] + [None]):
-        if older is None or _claim_at(root, older, rel, cid) != now:
-            return newer
-    return None  # pragma: no cover
-
-
-def results_commit(root: Path, results_file: Path) -> Optional[str]:
-    """The first commit that holds ``results_file`` ("worktree" when it is not committed yet)."""
-    rel = str(results_file.resolve().relative_to(root.resolve()))
-    log = _git(root, "log", "--format=%H", "--diff-filter=A", "--", rel)
-    if log is None:
-        return None
-    commits = log.split()
-    return commits[-1] if commits else "worktree"
-
-
-def rule_came(root: Path, study_file: Path, cid: str, results_file: Path) -> str:
-    """"before" when the claim's rule was committed before the first commit of the results it reads,
-    "after" otherwise; "no results yet" when there are none; "unknown" outside a git repository."""
-    if not results_file.is_file():
-        return "no results yet"
-    rule, res = rule_commit(root, study_file, cid), results_commit(root, results_file)
-    if rule is None or res is None:
-        return "unknown"
-    if rule == "worktree":
-        return "after"
-    if res == "worktree":
-        return "before"
-    if rule == res:
-        return "after"  # committed together: the rule was written with its results in view
-    is_ancestor = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor", rule, res],
-                                 capture_output=True).returncode == 0
-    return "before" if is_ancestor else "after"

@@ -16,11 +16,12 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from ..errors import UserError
 from . import rules
-from .claims import NOT_TESTED, Claim, decide_all, load_claims, rule_came
+from .claims import NOT_TESTED, Claim, decide_all, load_claims
+from .history import rule_came
 from .spec import load_study
 from .stats import mean_ci
 

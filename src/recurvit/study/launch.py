@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import UserError
-from .runner import _line, archive, pending, run_one_safe
+from .archive import archive
+from .runner import _line, pending, run_one_safe
 from .spec import Study
 
 CLUSTERS = ("slurm", "local")

@@ -5,11 +5,12 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from . import plots
 from .spec import SEED_KEY, Study
-from .rules import seeds_needed
+from .plateau import plateau_change, plateau_column, plateau_per_seed, plateau_text
+from .power import seeds_needed
 from .stats import fmt_ci, fmt_p, mean_ci, welch
 
 ACC_KEYS = ["acc_T", "acc_2T", "acc_4T", "acc_8T", "acc_16T", "acc_32T", "acc_64T", "acc_mean_T_4T"]
@@ -35,12 +36,17 @@ def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> N
     axes = [a for a, _ in study.axes]
     variant_keys = sorted({f"variant_{k}" for r in rows for k, v in (r.get("variants") or {}).items() if v})
     keys = ["run_id"] + axes + [k for k in CSV_KEYS[study.task] if k not in axes] + variant_keys
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            flat = {**r, **{f"variant_{k}": v["acc_T"] for k, v in (r.get("variants") or {}).items() if v}}
-            w.writerow({k: (f"{flat[k]:.6g}" if isinstance(flat.get(k), float) else flat.get(k)) for k in keys})
+    import io
+
+    from ..train.rundir import write_atomic
+
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        flat = {**r, **{f"variant_{k}": v["acc_T"] for k, v in (r.get("variants") or {}).items() if v}}
+        w.writerow({k: (f"{flat[k]:.6g}" if isinstance(flat.get(k), float) else flat.get(k)) for k in keys})
+    write_atomic(path, buf.getvalue())  # a reader (or a killed study) never sees half a table
 
 
 def rows_from_csv(path: Path, study: Study) -> List[Dict[str, Any]]:
@@ -100,48 +106,6 @@ def cells(rows: List[Dict[str, Any]], study: Study) -> List[Dict[str, Any]]:
     return out
 
 
-def _plateau(curve) -> str:
-    """Change of the first seed's test figure over the last 20% of its epochs (points)."""
-    ys = [y for y in curve or [] if y is not None]
-    if len(ys) < 5:
-        return "-"
-    k = max(1, round(0.2 * len(ys)))
-    return f"{100 * (ys[-1] - ys[-1 - k]):+.1f}"
-
-
-def plateau_change(curve) -> Optional[float]:
-    """The change of a per-epoch figure over the last 20% of the epochs, read off a least-squares line
-    through those epochs' values (epochs E-k..E, k = 20% of E), so that one noisy epoch does not
-    decide it; None for fewer than 5 epochs. A plateau is a change near 0."""
-    ys = [y for y in curve or [] if y is not None]
-    if len(ys) < 5:
-        return None
-    k = max(1, round(0.2 * len(ys)))
-    window = ys[-1 - k:]
-    xs = list(range(len(window)))
-    mx, my = sum(xs) / len(xs), sum(window) / len(window)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, window)) / sum((x - mx) ** 2 for x in xs)
-    return slope * k
-
-
-def _plateau_text(rows: List[Dict[str, Any]]) -> str:
-    if any(r.get("plateau_val") is not None for r in rows):
-        return ("Δ last 20% epochs, each seed = the change of each seed's validation accuracy (the held-out "
-                "part of the training split) over its last 20% of epochs, read off a least-squares line through "
-                "them, in the order of the seeds (a plateau is near 0).")
-    if any(r.get("plateau_test") is not None for r in rows):
-        return ("Δ last 20% epochs, each seed = the change of each seed's test accuracy over its last 20% of "
-                "epochs, read off a least-squares line through them (a plateau is near 0).")
-    return "Δ last 20% epochs = change of the first seed's test accuracy over its last 20% of epochs (a plateau is near 0)."
-
-
-def _plateau_per_seed(c: Dict[str, Any]) -> str:
-    """Every seed's plateau change (validation accuracy where the runs hold a split out, else test), points."""
-    key = "plateau_val" if any(r.get("plateau_val") is not None for r in c["rows"]) else "plateau_test"
-    got = [r.get(key) for r in sorted(c["rows"], key=lambda r: (r.get("seed") is None, r.get("seed")))]
-    return " / ".join("-" if v is None else f"{100 * v:+.1f}" for v in got)
-
-
 def _cost(rows: List[Dict[str, Any]]) -> str:
     train = sum(r.get("train_seconds") or 0 for r in rows)
     ev = sum(r.get("eval_seconds") or 0 for r in rows)
@@ -164,7 +128,7 @@ def classify_tables(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     body = [[str(c[a]) for a in axes] + [c["model"] for _ in model] + [
         f"{c['params_stored']:,}", f"{c['flops_forward'] / 1e6:.2f}", str(c["nfe"]), str(c["steps"]),
         str(c["epochs"] or "-")] + [fmt_ci(c[k]) for k in acc] +
-        [_plateau_per_seed(c) if per_seed else _plateau(c["curve"]), f"{c['train_seconds']['mean']:.0f}"]
+        [plateau_per_seed(c) if per_seed else plateau_column(c["curve"]), f"{c['train_seconds']['mean']:.0f}"]
         for c in cs]
     lines = _table(head, body) + [""]
     names = sorted({k for c in cs for k in c["variants"]})
@@ -214,7 +178,7 @@ def vae_tables(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     body = [[str(c[a]) for a in axes] + [
         c["model"], c["core"], f"{c['params_stored']:,}", f"{c['flops_forward'] / 1e6:.1f}",
         str(c["block_applications"]), fmt_ci(c["psnr"], 1.0, 2), fmt_ci(c["ssim"], 1.0, 4),
-        fmt_ci(c["ms_per_img"], 1.0, 2), _plateau([None if v is None else v / 100 for v in c["curve"] or []]),
+        fmt_ci(c["ms_per_img"], 1.0, 2), plateau_column([None if v is None else v / 100 for v in c["curve"] or []]),
         f"{c['train_seconds']['mean']:.0f}"] for c in cs]
     return _table(head, body) + [""]
 
@@ -240,6 +204,8 @@ def comparisons(cs: List[Dict[str, Any]], study: Study) -> List[str]:
                 body.append([f"{a} − {b}{where}", ACC_HEAD.get(k, k), f"{w['diff'] * scale:+.2f}",
                              f"[{w['lo'] * scale:+.2f}, {w['hi'] * scale:+.2f}]", fmt_p(w["p"]),
                              f"{ca['n']} / {cb['n']}", _fmt_need(need)])
+    if not body:  # a partial study: no pair of cells has two seeds each yet
+        return []
     return lines + _table(["comparison", "figure", "difference", "95% interval", "p", "n", "seeds needed"], body) + [""]
 
 
@@ -306,7 +272,7 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
         lines += [f"{len(rows)} runs; seeds {seeds}; accuracy in % as mean ± half-width of the 95% t-interval over "
                   f"seeds; {level}. T = trained steps; acc@kT = test accuracy when run for "
                   "k x T steps (ODE: k x the trained time span); mean T..4T = mean accuracy over every step from T "
-                  f"to 4T; {_plateau_text(rows)}", ""]
+                  f"to 4T; {plateau_text(rows)}", ""]
         lines += classify_tables(cs, study)
         if study.frontier:
             lines += frontier_table(cs)
@@ -320,7 +286,9 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
         lines += ["Failed runs (not in the table):", ""] + [f"- `{r['run_id']}`: {r['error']}" for r in failed] + [""]
     for title, name in _plots(cs, study, out_dir, chance):
         lines += [f"![{title}]({name})", ""]
-    (out_dir / "report.md").write_text("\n".join(lines))
+    from ..train.rundir import write_atomic
+
+    write_atomic(out_dir / "report.md", "\n".join(lines))
     return out_dir / "report.md"
 
 

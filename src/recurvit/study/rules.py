@@ -35,9 +35,10 @@ import re
 import statistics
 import warnings
 from dataclasses import dataclass
-from typing import Callable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from .stats import CONFIDENCE, clean, fmt_p, mean_ci, ols_contrast, welch
+from .power import MAX_SEEDS, first_n, seeds_needed
+from .stats import CONFIDENCE, clean, fmt_p, mean_ci, ols_contrast, paired_differences, welch
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -45,7 +46,6 @@ NOT_SEPARABLE = "not separable at this scale"
 NOT_MEASURED = "not measured"
 
 ALPHA = 1 - CONFIDENCE  # 0.05: the level of every test here
-MAX_SEEDS = 1000  # seeds_needed searches n = 2..MAX_SEEDS
 
 
 @dataclass(frozen=True)
@@ -82,13 +82,6 @@ def _check_margin(margin: float) -> None:
         raise ValueError(f"margin must be > 0, got {margin!r}")
 
 
-def _pairs(a: Sequence[Optional[float]], b: Sequence[Optional[float]]) -> List[float]:
-    """The per-seed differences a[i] - b[i], dropping a seed where either value is missing."""
-    if len(a) != len(b):
-        raise ValueError(f"paired values need equal lengths, got {len(a)} and {len(b)}")
-    return [x[0] - y[0] for x, y in ((clean([u]), clean([v])) for u, v in zip(a, b)) if x and y]
-
-
 class _Diff(NamedTuple):
     """A difference of means a - b (or a one-sample mean) with its standard error and t degrees of freedom."""
 
@@ -107,7 +100,7 @@ def _difference(a: Sequence[Optional[float]], b: Sequence[Optional[float]],
     """The difference a - b (paired: mean of the per-seed differences), or None with fewer than 2 values per
     group; with the sample sizes used."""
     if paired:
-        d = _pairs(a, b)
+        d = paired_differences(a, b)
         n = (len(d), len(d))
         return (_one_sample(d)._replace(n=n) if len(d) >= 2 else None), n
     x, y = clean(a), clean(b)
@@ -150,49 +143,6 @@ def _sign_verdict(lo: float, hi: float, side: int) -> str:
     return NOT_SEPARABLE
 
 
-def _first_n(effect: float, half_width: Callable, ns: Sequence[float]) -> float:
-    """The first n in ``ns`` with ``half_width(n) < |effect|`` (inf if none, or when the effect is 0)."""
-    import numpy as np
-
-    effect = abs(effect)
-    if effect == 0:
-        return math.inf
-    ns = np.asarray(ns, dtype=float)
-    hit = np.nonzero(half_width(ns) < effect)[0]
-    return float(ns[hit[0]]) if len(hit) else math.inf
-
-
-def seeds_needed(a: Sequence[Optional[float]], b: Optional[Sequence[Optional[float]]] = None,
-                 paired: bool = False) -> float:
-    """The smallest number of seeds per group n (2..1000) at which the 95% interval half-width would be smaller
-    than the observed |mean(a) - mean(b)| (``b=None``: |mean(a)|), keeping the observed standard deviations.
-
-    Degrees of freedom: Welch's with the observed variances and n seeds each for two groups, n - 1 for one
-    sample or paired differences. inf when the effect is 0 or no n up to 1000 suffices; nan with fewer than
-    2 values per group."""
-    import numpy as np
-    from scipy import stats
-
-    ns = np.arange(2, MAX_SEEDS + 1)
-    q = 0.5 + CONFIDENCE / 2
-    if b is None or paired:
-        v = _pairs(a, b) if paired else clean(a)
-        if len(v) < 2:
-            return math.nan
-        s = statistics.stdev(v)
-        return _first_n(statistics.fmean(v), lambda n: stats.t.ppf(q, n - 1) * s / np.sqrt(n), ns)
-    x, y = clean(a), clean(b)
-    if len(x) < 2 or len(y) < 2:
-        return math.nan
-    va, vb = statistics.variance(x), statistics.variance(y)
-    if va + vb == 0:
-        return _first_n(statistics.fmean(x) - statistics.fmean(y), lambda n: np.zeros_like(n), ns)
-    # Welch with n seeds each: dof = (va/n + vb/n)^2 / ((va/n)^2 + (vb/n)^2) * (n - 1)
-    ratio = (va + vb) ** 2 / (va ** 2 + vb ** 2)
-    return _first_n(statistics.fmean(x) - statistics.fmean(y),
-                    lambda n: stats.t.ppf(q, ratio * (n - 1)) * np.sqrt((va + vb) / n), ns)
-
-
 def superiority(a: Sequence[Optional[float]], b: Sequence[Optional[float]], side: int = 1,
                 paired: bool = False) -> Decision:
     """Claim "a - b has sign ``side``" (+1: a is higher). 95% interval of a - b: REPRODUCED when it lies strictly
@@ -203,7 +153,7 @@ def superiority(a: Sequence[Optional[float]], b: Sequence[Optional[float]], side
     if d is None:
         return _not_measured(n, "fewer than 2 values per group")
     if paired:
-        ms = mean_ci(_pairs(a, b))
+        ms = mean_ci(paired_differences(a, b))
         est, lo, hi = ms["mean"], ms["mean"] - ms["ci"], ms["mean"] + ms["ci"]
         p = min(1.0, 2 * min(_p_one_sided(d, 0.0, "greater"), _p_one_sided(d, 0.0, "less")))
     else:
@@ -285,7 +235,7 @@ def trend(x: Sequence[float], y: Sequence[Optional[float]], side: int = 1, log2_
     k = len(np.unique(xs))
     reps = np.arange(1, MAX_SEEDS + 1)
     reps = reps[reps * k > 2]
-    need = _first_n(slope, lambda m: stats.t.ppf(q, m * k - 2) * se * np.sqrt(len(pts) / (m * k)), reps)
+    need = first_n(slope, lambda m: stats.t.ppf(q, m * k - 2) * se * np.sqrt(len(pts) / (m * k)), reps)
     return Decision(_sign_verdict(lo, hi, side), slope, lo, hi, fit["p"], n, need,
                     f"least-squares slope over {'log2 x' if log2_x else 'x'}, claimed sign {side:+d}; "
                     f"seeds_needed in repetitions of {k} distinct x")

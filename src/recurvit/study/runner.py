@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import UserError
+from .archive import archive, archived, read_result
+from .workers import estimate, in_processes
 from .spec import Study
 
 
@@ -49,7 +51,7 @@ def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str
     from ..train.loop import evaluate, train
     from ..train.rundir import RunDir
     from ..train.runtime import build_test_loader, pick_device
-    from .report import plateau_change
+    from .plateau import plateau_change
 
     cfg = _load_config(load_config, out, base, overrides)
     cfg.train.progress = False
@@ -209,24 +211,6 @@ def run_one_safe(kw: Dict[str, Any]) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ the study
-def archived(study: Study, run_id: str) -> Optional[Path]:
-    """Where the study's results folder keeps a copy of a finished run's result.json
-    (``<results>/runs/<id>/result.json``, committed with the results): a study resumes from it on a
-    machine that has lost the run directories, and its report is rebuilt from it."""
-    return study.results / "runs" / run_id / "result.json" if study.results is not None else None
-
-
-def archive(study: Study, res: Dict[str, Any]) -> None:
-    """Keep a finished run's result in the study's results folder (see :func:`archived`)."""
-    from ..train.rundir import write_atomic
-
-    path = archived(study, res.get("run_id", ""))
-    if path is None or "error" in res:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(res, indent=1))
-
-
 def _is_done(rd: Path, study: Study, overrides: List[str]) -> Optional[Dict[str, Any]]:
     """The stored result of a run whose training and evaluation are what the study asks for: its run
     directory's result.json, else the copy in the study's results folder when the run directory is gone."""
@@ -236,7 +220,10 @@ def _is_done(rd: Path, study: Study, overrides: List[str]) -> Optional[Dict[str,
         if copy is None or not copy.is_file() or (rd / "last.pt").is_file():
             return None
         f = copy
-    res = _with_training_cost(rd, json.loads(f.read_text()))
+    res = read_result(f)
+    if res is None:
+        return None  # unreadable: the run is evaluated again from its checkpoint (or trained, if it has none)
+    res = _with_training_cost(rd, res)
     if res.get("eval", {"max_steps_factor": res.get("max_steps_factor", 4), "variants": {}}) != study.eval_spec:
         return None  # re-evaluate (the checkpoint stays; training is not repeated)
     if "overrides" in res and res["overrides"] != overrides:
@@ -286,7 +273,8 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
     (out / "runs").mkdir(parents=True, exist_ok=True)
     done, todo = pending(study, out, only)
     log(f"study {study.name}: {len(study.runs)} runs, {len(done)} finished, {len(todo)} to run or evaluate "
-        f"({workers} worker{'s' if workers > 1 else ''}) in {out}")
+        f"({workers} worker{'s' if workers > 1 else ''}) in {out}; results to {study.results or out}"
+        + estimate(done, len(todo), workers))
     bar = tqdm(total=len(study.runs), initial=len(done), desc=study.name, disable=not show_progress(progress),
                dynamic_ncols=True)
     if workers <= 1:
@@ -297,39 +285,15 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
             bar.update()
             log(f"  {_line(done[-1])}")
     else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
         threads = max(1, (os.cpu_count() or 1) // workers)
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=stop_with_parent,
-                                 initargs=(os.getpid(),)) as ex:
-            futs = [ex.submit(run_one_safe, {**kw, "threads": threads}) for kw in todo]
-            for f in as_completed(futs):
-                done.append(f.result())
-                archive(study, done[-1])
-                bar.update()
-                log(f"  {_line(done[-1])}")
+        for res in in_processes(run_one_safe, todo, workers, threads):
+            done.append(res)
+            archive(study, done[-1])
+            bar.update()
+            log(f"  {_line(done[-1])}")
     bar.close()
     order = {s.run_id: i for i, s in enumerate(study.runs)}
     return sorted(done, key=lambda r: order.get(r["run_id"], 1 << 30))
-
-
-def stop_with_parent(parent: int, every_s: float = 1.0) -> None:
-    """In a worker process: end it when the study process that started it is gone.
-
-    A killed study (``kill``, ``kill -9``, an OOM kill) would otherwise leave its workers training on as
-    orphans, each holding its run directory's lock, so the study started again finds those runs
-    "in use". A stopped worker's run resumes from its last checkpoint when the study is run again.
-    """
-    import signal
-    import threading
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(every_s)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="stop-with-parent", daemon=True).start()
 
 
 def _line(r: Dict[str, Any]) -> str:
@@ -345,10 +309,14 @@ def collect(out: Path, study: Study) -> List[Dict[str, Any]]:
     for spec in study.runs:
         f = out / "runs" / spec.run_id / "result.json"
         copy = archived(study, spec.run_id)
-        if f.is_file():
-            rows.append(_with_training_cost(f.parent, json.loads(f.read_text())))
-        elif copy is not None and copy.is_file():
-            rows.append(json.loads(copy.read_text()))
+        for path in (f, copy):
+            if path is None or not path.is_file():
+                continue
+            res = read_result(path)
+            rows.append(_with_training_cost(f.parent, res) if res is not None else
+                        {"run_id": spec.run_id, **spec.labels, "error": f"{path} is not a readable result; "
+                         "run the study again to evaluate the run anew"})
+            break
     return rows
 
 

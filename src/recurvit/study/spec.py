@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +40,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from ..errors import UserError
+from .claims import SEED_KEY, load_claims
 
-SEED_KEY = "train.seed"
 TASKS = ("classify", "vae")
 
 
@@ -79,6 +80,23 @@ class Study:
         return [a for a, _ in self.axes if a != SEED_KEY]
 
 
+TOP_KEYS = ("name", "task", "base", "overrides", "grid", "eval", "report", "runs", "results", "claims")
+EVAL_KEYS = ("max_steps_factor", "variants")
+REPORT_KEYS = ("compare", "frontier")
+LABEL = re.compile(r"[A-Za-z0-9_.+-]+")
+MAX_RUNS = 10_000  # a grid larger than this is a mistake (a typo in an axis), not a study
+
+
+def _check_keys(p: Path, raw: Dict[str, Any], allowed: Tuple[str, ...], prefix: str) -> None:
+    import difflib
+
+    for key in raw:
+        if key not in allowed:
+            near = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"; did you mean '{prefix}{near[0]}'?" if near else f" (known: {', '.join(allowed)})"
+            raise UserError(f"study file {p}: unknown key '{prefix}{key}'{hint}")
+
+
 def _label(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", str(value))
 
@@ -93,6 +111,10 @@ def load_study(path: str | Path) -> Study:
         raise UserError(f"study file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
         raise UserError(f"study file {p} must be a mapping with name, base and grid")
+    _check_keys(p, raw, TOP_KEYS, "")
+    for key, allowed in (("eval", EVAL_KEYS), ("report", REPORT_KEYS)):
+        if isinstance(raw.get(key), dict):
+            _check_keys(p, raw[key], allowed, f"{key}.")
     for key in ("name", "base", "grid"):
         if key not in raw:
             raise UserError(f"study file {p} needs a '{key}:' entry (see recurvit/study/spec.py)")
@@ -117,7 +139,20 @@ def load_study(path: str | Path) -> Study:
             raise UserError(f"grid entry '{axis}' must be a list of values or a mapping of named variants")
         if not variants:
             raise UserError(f"grid entry '{axis}' is empty")
+        for lbl, _ in variants:  # a label names a run directory: it must stay inside the study's runs folder
+            if not LABEL.fullmatch(lbl) or lbl in (".", ".."):
+                raise UserError(f"study file {p}: grid label {lbl!r} of '{axis}' may hold only letters, digits and "
+                                "'_', '.', '+', '-' (it names run directories)")
+        seen = [lbl for lbl, _ in variants]
+        dup = sorted({lbl for lbl in seen if seen.count(lbl) > 1})
+        if dup:
+            raise UserError(f"study file {p}: grid axis '{axis}' lists {', '.join(dup)} more than once "
+                            "(each run would count twice)")
         axes.append((str(axis), variants))
+    size = math.prod(len(v) for _, v in axes)
+    if size > MAX_RUNS:
+        raise UserError(f"study file {p}: its grid has {size:,} runs (more than {MAX_RUNS:,}); split it or "
+                        "shorten an axis")
     ev, rep = raw.get("eval") or {}, raw.get("report") or {}
     factor = ev.get("max_steps_factor", 4)
     if not isinstance(factor, int) or factor < 1:
@@ -139,8 +174,6 @@ def load_study(path: str | Path) -> Study:
         runs_dir=(p.parent / raw["runs"]).resolve() if raw.get("runs") else None,
         results=(p.parent / raw["results"]).resolve() if raw.get("results") else None, path=p)
     study.runs = expand(study)
-    from .claims import load_claims
-
     study.claims = load_claims(p, {axis: [lbl for lbl, _ in variants] for axis, variants in axes}, study.results)
     labels = {lbl for _, variants in axes for lbl, _ in variants}
     unknown = sorted({x for pair in compare for x in pair} - labels)

@@ -71,6 +71,14 @@ def ols_contrast(x: Sequence[Sequence[float]], y: Sequence[float], contrast: Seq
     return {"diff": est, "lo": est - half, "hi": est + half, "p": p}
 
 
+def paired_differences(a: Sequence[Optional[float]], b: Sequence[Optional[float]]) -> List[float]:
+    """The per-seed differences a[i] - b[i], dropping a seed where either value is missing."""
+    if len(a) != len(b):
+        raise ValueError(f"paired values need equal lengths, got {len(a)} and {len(b)}")
+    return [x[0] - y[0] for x, y in ((clean([u]), clean([v])) for u, v in zip(a, b)) if x and y]
+
+
+
 def fmt_ci(ms: Dict[str, float], scale: float = 100.0, digits: int = 1, signed: bool = False) -> str:
     """'77.8 ± 0.9' (mean ± 95% half-width; signed: '+0.4 ± 0.9'); '77.8' for a single value; '-' for none."""
     if math.isnan(ms["mean"]):

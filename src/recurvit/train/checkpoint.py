@@ -5,8 +5,10 @@ A checkpoint is a dict with ``format``, ``config`` (the resolved run config as p
 """
 from __future__ import annotations
 
+import errno
 import os
 import pickle
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -19,23 +21,110 @@ from ..config import RunConfig, config_from_dict
 from ..errors import UserError
 
 FORMAT = "recurvit-checkpoint-v1"
+NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # a full disk, a full quota
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """``write(f)`` into a temp file in the same directory, fsync, then rename over ``path``: a crash
-    never leaves half a file (a leftover ``.NAME.XXXX.tmp`` is removed by the next RunDir.resume)."""
+def fsync_dir(path: str | Path) -> None:
+    """fsync a directory, so a rename into it survives a power loss (a no-op where the platform
+    cannot open or sync a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _no_space(e: BaseException) -> Optional[OSError]:
+    """The full-disk OSError behind ``e`` (torch's zip writer wraps it in a RuntimeError), or None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+class DiskFull(UserError):
+    """A write that found the disk (or quota) full: one line naming the path and the sizes known.
+    ``then(how)`` is the same line with the caller's way to go on (e.g. ``--resume RUN``)."""
+
+    def __init__(self, path: str | Path, e: OSError, needed: Optional[int] = None):
+        path = Path(path)
+        sizes = [f"it needs about {_size(needed)}"] if needed else []
+        try:
+            sizes.append(f"{_size(shutil.disk_usage(path.parent).free)} free")
+        except OSError:
+            pass
+        kept = f"; the previous {path.name} is left as it was" if path.is_file() else ""
+        what = "no space left on device" if e.errno == errno.ENOSPC else "disk quota exceeded"
+        known = f" ({', '.join(sizes)})" if sizes else ""
+        self.path, self.what = path, f"cannot write {path}: {what}{known}{kept}"
+        super().__init__(f"{self.what}; free some space and try again")
+
+    def then(self, how: str) -> UserError:
+        return UserError(f"{self.what}; free some space, then {how}")
+
+
+def raise_if_no_space(e: BaseException, path: str | Path, needed: Optional[int] = None) -> None:
+    """DiskFull if ``e`` (or what it wraps) is a full disk or quota; otherwise nothing."""
+    full = _no_space(e)
+    if full is not None:
+        raise DiskFull(path, full, needed) from None
+
+
+def _size(n: int) -> str:
+    return f"{n:,} bytes" if n < 10**6 else f"{n / 10**6:,.1f} MB ({n:,} bytes)"
+
+
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], needed: Optional[int] = None) -> None:
+    """``write(f)`` into a temp file in the same directory, fsync, rename over ``path``, fsync the
+    directory: a crash (or a power loss) never leaves half a file (a leftover ``.NAME.XXXX.tmp`` is
+    removed by the next RunDir.resume). A full disk is one line naming ``path`` (and ``needed``, the
+    bytes it takes, where the caller knows them); the file it would have replaced is left as it was."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise_if_no_space(e, path, needed)
+        raise
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        raise_if_no_space(e, path, needed)
         raise
+    fsync_dir(path.parent)
+
+
+def _tensor_bytes(obj: Any, seen: Optional[set] = None) -> int:
+    """Bytes of the tensors in ``obj`` (nested dicts / lists / tuples), each storage counted once."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        try:
+            storage = obj.untyped_storage()
+            key = storage.data_ptr(), storage.nbytes()
+        except (RuntimeError, NotImplementedError):
+            return obj.numel() * obj.element_size()
+        if key in seen:
+            return 0
+        seen.add(key)
+        return storage.nbytes()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v, seen) for v in obj)
+    return 0
 
 
 def _validated(run_dir: Path) -> bool:
@@ -54,7 +143,7 @@ def _validated(run_dir: Path) -> bool:
 
 def save_atomic(obj: Any, path: str | Path) -> None:
     """torch.save, atomically (see :func:`atomic_write`)."""
-    atomic_write(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f), needed=_tensor_bytes(obj) or None)
 
 
 def resolve_checkpoint(path: str | Path, prefer: str = "best.pt") -> Path:
@@ -81,12 +170,38 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Dict[str, An
         ckpt = torch.load(p, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise UserError(f"checkpoint not found: {p}") from None
+    except pickle.UnpicklingError as e:
+        if "weights only load failed" in str(e).lower():  # a pickle of objects other than tensors and plain types
+            raise UserError(f"{p} is not a recurvit checkpoint: it contains code objects "
+                            "(refusing to load it with weights_only)") from None
+        raise UserError(f"cannot read checkpoint {p}: corrupt, truncated or not a safe torch file "
+                        f"({_first_line(e)})") from None
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as e:
-        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot read checkpoint {p}: corrupt, truncated or not a safe torch file ({first})") from None
+        raise UserError(f"cannot read checkpoint {p}: corrupt, truncated or not a safe torch file "
+                        f"({_first_line(e)})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "model" not in ckpt or "config" not in ckpt:
         raise UserError(f"{p} is not a recurvit checkpoint (expected a file written by `recurvit train`)")
     return ckpt
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+
+
+def check_finite(model: nn.Module, source: str | Path) -> None:
+    """UserError if any weight (parameter or floating-point buffer) of ``model`` is NaN or inf: such a
+    model's figures (a constant argmax, "accuracy 0.1000") would be meaningless."""
+    bad, total = [], 0
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_floating_point() or t.is_complex():
+            n = int((~torch.isfinite(t.detach())).sum())
+            if n:
+                bad.append(f"{name} ({n:,} of {t.numel():,})")
+                total += n
+    if bad:
+        more = f" and {len(bad) - 3} more tensors" if len(bad) > 3 else ""
+        raise UserError(f"{source}'s weights contain NaN/inf: {', '.join(bad[:3])}{more}; the run diverged or the "
+                        "file was damaged: evaluate an earlier checkpoint or train again")
 
 
 def config_from_checkpoint(ckpt: Dict[str, Any]) -> RunConfig:

@@ -2,13 +2,17 @@
 
 - :func:`check_train_config`: values torch would reject late (a negative lr, a batch size of 1e20);
 - :func:`out_of_memory`: an allocation that failed anyway, named by the settings that size the run;
-- :func:`divergence_advice`: what to change after a non-finite loss (used by train and vae train).
+- :func:`divergence_advice` / :class:`Diverged` / :func:`how_to_go_on`: what to change after a non-finite
+  loss (used by train, finetune and vae train), and how to go on from what the run directory holds
+  once it is closed (a run that diverged inside its first epoch has no checkpoint, and a directory
+  it created is removed: ``--resume`` is advised only where there is something to resume).
 
 The memory and time estimates made before long work starts are in ``budget.py``.
 """
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import UserError
@@ -21,21 +25,71 @@ def divergence_advice(tc) -> str:
     """What to change after a diverged step: a lower lr, and clipping on (or harder)."""
     clip = ("set train.grad_clip (e.g. 1.0) to clip gradients" if tc.grad_clip == 0
             else f"clip harder with a smaller train.grad_clip (now {tc.grad_clip:g})")
-    return f"lower train.lr (now {tc.lr:g}) or {clip}, then --resume the run with the new value"
+    return f"lower train.lr (now {tc.lr:g}) or {clip}"
+
+
+class Diverged(UserError):
+    """A non-finite loss. The message says what to change; the command that owns the run directory
+    adds how to go on (:func:`how_to_go_on`) once the directory is closed."""
+
+    def __init__(self, loss, epoch: int, tc):
+        super().__init__(f"training diverged (loss={loss}) at epoch {epoch}; {divergence_advice(tc)}")
+
+
+def how_to_go_on(e: Diverged, run_dir: Path, resumable: bool = True) -> UserError:
+    """``e`` with the way to go on that is true of ``run_dir`` as it is now (after it was closed)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        how = f"then start the run again with the new value (nothing was saved: {run_dir} was removed)"
+    elif resumable and (run_dir / "last.pt").is_file():
+        how = f"then --resume {run_dir} with the new value (it continues from its last.pt)"
+    elif resumable:
+        how = (f"then --resume {run_dir} with the new value (it has no checkpoint yet: "
+               "it starts again from the beginning)")
+    else:
+        how = f"then start it again with the new value and another --out ({run_dir} is kept as it is)"
+    return UserError(f"{e}, {how}")
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+
+
+def _in_unit(x) -> bool:
+    """x in [0, 1) (NaN is not)."""
+    return _number(x) and 0 <= x < 1
 
 
 def check_train_config(cfg: RunConfig) -> None:
-    """Values torch would reject with a traceback: one clear line instead."""
-    t = cfg.train
+    """Values torch would reject with a traceback, or that train into nonsense: one clear line
+    naming the key instead."""
+    t, m = cfg.train, cfg.model
     if not (math.isfinite(t.lr) and t.lr > 0):
         raise UserError(f"train.lr must be a positive number, got {t.lr}")
+    if not (math.isfinite(t.min_lr) and t.min_lr >= 0):
+        raise UserError(f"train.min_lr must be a number >= 0, got {t.min_lr}")
+    if not (math.isfinite(t.warmup_epochs) and t.warmup_epochs >= 0):
+        raise UserError(f"train.warmup_epochs must be a number >= 0, got {t.warmup_epochs}")
     for key in ("epochs", "batch_size"):
         if getattr(t, key) < 1:
             raise UserError(f"train.{key} must be >= 1, got {getattr(t, key)}")
         if getattr(t, key) > MAX_COUNT:
             raise UserError(f"train.{key} must be <= {MAX_COUNT:,}, got {getattr(t, key)}")
-    if t.weight_decay < 0 or t.grad_clip < 0 or not 0 <= t.label_smoothing < 1:
-        raise UserError("train.weight_decay and train.grad_clip must be >= 0, train.label_smoothing in [0, 1)")
+    if not (math.isfinite(t.weight_decay) and t.weight_decay >= 0):
+        raise UserError(f"train.weight_decay must be a number >= 0, got {t.weight_decay}")
+    if not (_number(t.grad_clip) and t.grad_clip >= 0):
+        raise UserError(f"train.grad_clip must be a number >= 0 (0: no clipping), got {t.grad_clip}")
+    if not _in_unit(t.label_smoothing):
+        raise UserError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
+    betas = list(t.betas)
+    if len(betas) != 2 or not all(_in_unit(b) for b in betas):
+        raise UserError(f"train.betas must be two numbers in [0, 1) (e.g. [0.9, 0.999]), got {betas}")
+    if m.num_classes is not None and m.num_classes < 2:
+        raise UserError(f"model.num_classes must be >= 2 (or unset: the data set's classes), got {m.num_classes}")
+    for key in ("drop_path", "drop_rate"):
+        value = getattr(m, key)
+        if value is not None and not _in_unit(value):
+            raise UserError(f"model.{key} must be in [0, 1), got {value}")
     if t.supervision.stages < 1:
         raise UserError("train.supervision.stages must be >= 1")
     if t.eval_every < 1:

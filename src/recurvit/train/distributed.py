@@ -270,9 +270,22 @@ def launch(nproc: int, args: Sequence[str]) -> int:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))  # torchrun's default is 1
     try:
-        return subprocess.call(torchrun_command(nproc, args), env=env)
+        return subprocess.call(torchrun_command(nproc, args), env=env, preexec_fn=_end_with_parent)
     except KeyboardInterrupt:
         return 130
+
+
+def _end_with_parent() -> None:
+    """In the torchrun child, before it starts: SIGTERM when this launcher dies (Linux: PR_SET_PDEATHSIG),
+    so that a killed ``recurvit train --nproc N`` takes torchrun, and torchrun its ranks, with it
+    (they would otherwise train on as orphans holding the run's lock)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the launcher's own signals still reach the group
+        pass
 
 
 __all__ = ["DistEnv", "SINGLE", "session", "current", "check_devices", "rank_device", "per_rank_batch", "ShardedBatches", "Shard",

@@ -137,7 +137,7 @@ def target_config(src_cfg: RunConfig, data: str, overrides: List[str]) -> RunCon
 def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optional[float] = None,
              overrides: Optional[List[str]] = None, out: Optional[Path] = None, log=print) -> Dict[str, Any]:
     """Fine-tune run ``src`` on data set ``data`` with ``method`` into run directory ``out``."""
-    from .checks import check_train_config
+    from .checks import Diverged, check_train_config, how_to_go_on
     from .rundir import RunDir
     from .runtime import build_loaders, pick_device, seed_everything
 
@@ -170,9 +170,12 @@ def finetune(src, data: str, method: str = "lora", rank: int = 4, alpha: Optiona
     new_heads(model, info.num_classes)
     cfg = replace(cfg, model=replace(cfg.model, num_classes=info.num_classes))
     spec = prepare(model, method, rank, alpha)
-    with RunDir.create(out) as run, EpochWriter(out, cfg.train.tensorboard) as tb:  # once everything chosen works
-        return _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_loader, info, device,
-                         rank, log, tb)
+    try:
+        with RunDir.create(out) as run, EpochWriter(out, cfg.train.tensorboard) as tb:  # once everything chosen works
+            return _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_loader, info, device,
+                             rank, log, tb)
+    except Diverged as e:  # a fine-tune cannot be resumed: advise what is true of its (closed) directory
+        raise how_to_go_on(e, out, resumable=False) from None
 
 
 def _finetune(model, cfg, run, method, spec, src_path, data, train_loader, test_loader, info, device, rank, log,

@@ -24,7 +24,7 @@ from ..errors import UserError
 from . import checkpoint as ckpt_io
 from . import distributed as dist_io
 from .budget import check_param_memory, check_train_memory
-from .checks import check_train_config, divergence_advice, out_of_memory
+from .checks import Diverged, check_train_config, how_to_go_on, out_of_memory
 from .losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
 from .optim import build_optimizer, build_scheduler, follow_config, optimizer_step
 from .resume import check_resume, config_changes
@@ -114,7 +114,7 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
             step_loss, step_correct, step_n = None, None, b
         if not torch.isfinite(loss if step_loss is None else torch.tensor(step_loss)):
             value = loss.item() if step_loss is None else step_loss
-            raise UserError(f"training diverged (loss={value}) at epoch {epoch + 1}; {divergence_advice(tc)}")
+            raise Diverged(value, epoch + 1, tc)
         optimizer_step(model, opt, sched, loss, tc.grad_clip)
         if step_loss is None:
             n += b
@@ -167,16 +167,23 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
         log = log if env.is_main else _quiet
         check_train_config(cfg)
         run = env.on_main(lambda: open_run(out, resume, log=log)) or RunDir(out, created=False, owner=False)
-        with run, EpochWriter(run.path, cfg.train.tensorboard and env.is_main) as tb:
-            resume = env.broadcast(run.has_checkpoint()) if resume else False
-            try:
-                return _train(cfg, run, resume, log, stop_after, env, tb, force)
-            except (torch.OutOfMemoryError, MemoryError) as e:
-                raise out_of_memory(cfg, e) from None
-            except RuntimeError as e:
-                if "allocate" not in str(e):
-                    raise
-                raise out_of_memory(cfg, e) from None
+        try:
+            with run, EpochWriter(run.path, cfg.train.tensorboard and env.is_main) as tb:
+                resume = env.broadcast(run.has_checkpoint()) if resume else False
+                try:
+                    return _train(cfg, run, resume, log, stop_after, env, tb, force)
+                except (torch.OutOfMemoryError, MemoryError) as e:
+                    raise out_of_memory(cfg, e) from None
+                except RuntimeError as e:
+                    if "allocate" not in str(e):
+                        raise
+                    raise out_of_memory(cfg, e) from None
+        except Diverged as e:  # the directory is closed now (removed if it held nothing): advise what is true of it
+            raise how_to_go_on(e, run.path) from None
+        except ckpt_io.DiskFull as e:  # a checkpoint or metrics write found the disk full: the run can go on from it
+            if not run.path.is_dir():
+                raise
+            raise e.then(f"--resume {run.path}") from None
 
 
 def _quiet(*args, **kwargs) -> None:

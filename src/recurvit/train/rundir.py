@@ -15,9 +15,11 @@ Classification training, fine-tuning and LoopVAE training all keep their runs th
   metrics append and the checkpoint write). A directory without a checkpoint (killed before its
   first epoch ended) starts from the beginning (``open_run``).
 - **write**: ``config.yaml`` (what the run actually uses, a resume's overrides included) is written
-  atomically together with the first metrics line of the session, metrics are appended one JSON
+  atomically before the first epoch starts, so a run killed at any moment resumes as itself; metrics are appended one JSON
   line per epoch, ``last.pt`` / ``best.pt`` are saved atomically, a truncated metrics file is
-  rewritten atomically.
+  rewritten atomically. Every atomic write fsyncs the file and, after the rename, the directory (a
+  checkpoint survives a power loss); a full disk is one line naming the file (``DiskFull``) and
+  leaves the file it would have replaced as it was.
 - **clean up**: a run that fails before writing anything leaves no directory behind (only a
   directory this process created is ever removed, and only when it holds nothing but the lock).
 
@@ -43,8 +45,10 @@ CONFIG, METRICS, LAST, BEST = "config.yaml", "metrics.jsonl", "last.pt", "best.p
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same directory and a rename."""
-    ckpt_io.atomic_write(path, lambda f: f.write(text.encode()))
+    """Write ``text`` to ``path`` through a temp file in the same directory and a rename (then the
+    directory is fsynced: see ``checkpoint.atomic_write``)."""
+    data = text.encode()
+    ckpt_io.atomic_write(path, lambda f: f.write(data), needed=len(data))
 
 
 class RunDir:
@@ -55,7 +59,7 @@ class RunDir:
         self.created = created  # this process made the directory (it may remove it on failure)
         self.owner = owner
         self._lock_fd: Optional[int] = None
-        self._pending_config: Optional[str] = None
+        self._wrote_metrics = False
 
     # ------------------------------------------------------------------------- opening
     @classmethod
@@ -135,7 +139,9 @@ class RunDir:
 
     def close(self, failed: bool = False) -> None:
         """Release the lock; a directory this process created and never wrote into goes too."""
-        empty = self.owner and self.path.is_dir() and not self._contents()
+        # nothing a user could want: no file, or only the config this session wrote before its first epoch
+        empty = (self.owner and self.path.is_dir() and not self._wrote_metrics
+                 and all(p.name == CONFIG for p in self._contents()))
         self.release()
         if failed and self.created and empty:
             shutil.rmtree(self.path, ignore_errors=True)
@@ -148,29 +154,61 @@ class RunDir:
         return ckpt_io.load_checkpoint(self.path / LAST, map_location)
 
     def write_config(self, text: str) -> None:
-        """config.yaml, written atomically with the first metrics line of this session: a run that
-        fails before its first epoch ends leaves nothing behind (and its directory goes)."""
-        self._pending_config = text
+        """config.yaml, written atomically at once: a run killed at any moment after this can be resumed
+        with its own config (a bare ``--resume`` never falls back to the default config). A run that
+        fails with an error before its first epoch ends leaves nothing behind (see :meth:`close`)."""
+        if self.owner:
+            write_atomic(self.path / CONFIG, text)
 
     def append_metrics(self, metrics: Dict[str, Any]) -> None:
         if self.owner:
-            if self._pending_config is not None:
-                write_atomic(self.path / CONFIG, self._pending_config)
-                self._pending_config = None
-            with open(self.path / METRICS, "a") as f:
-                f.write(json.dumps(metrics) + "\n")
+            self._wrote_metrics = True
+            line = json.dumps(metrics) + "\n"
+            try:
+                with open(self.path / METRICS, "a") as f:
+                    f.write(line)
+            except OSError as e:  # a full disk: one line (the lines already there are kept)
+                ckpt_io.raise_if_no_space(e, self.path / METRICS, len(line.encode()))
+                raise
 
-    def read_metrics(self) -> List[Dict[str, Any]]:
+    def _parsed_metrics(self) -> List[tuple]:
+        """(line number, the line's metrics or None when it is not a JSON object) for every non-empty line."""
         p = self.path / METRICS
         if not p.is_file():
             return []
-        return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+        out = []
+        for i, ln in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if not ln.strip():
+                continue
+            try:
+                m = json.loads(ln)
+            except ValueError:
+                m = None
+            out.append((i, m if isinstance(m, dict) else None))
+        return out
+
+    def read_metrics(self) -> List[Dict[str, Any]]:
+        rows = self._parsed_metrics()
+        bad = next((i for i, m in rows if m is None), None)
+        if bad is not None:
+            raise UserError(f"{self.path / METRICS}, line {bad}: not a metrics line (a JSON object); "
+                            "repair or delete that line")
+        return [m for _, m in rows]
 
     def truncate_metrics(self, epochs: int) -> None:
-        """Keep the metric lines of epochs <= ``epochs`` (rewritten atomically)."""
-        if self.owner and (self.path / METRICS).is_file():
-            keep = [m for m in self.read_metrics() if m.get("epoch", 0) <= epochs]
-            write_atomic(self.path / METRICS, "".join(json.dumps(m) + "\n" for m in keep))
+        """Keep the metric lines of epochs <= ``epochs`` (rewritten atomically). Lines past the checkpoint
+        are dropped whatever they hold (a line torn by a kill among them); an unreadable line among the
+        epochs kept is an error naming it."""
+        if not (self.owner and (self.path / METRICS).is_file()):
+            return
+        rows = self._parsed_metrics()
+        last_kept = max((i for i, m in rows if m is not None and m.get("epoch", 0) <= epochs), default=0)
+        bad = next((i for i, m in rows if m is None and i < last_kept), None)
+        if bad is not None:
+            raise UserError(f"{self.path / METRICS}, line {bad}: not a metrics line (a JSON object), among the "
+                            f"{epochs} epochs the checkpoint keeps; repair or delete that line, then resume")
+        keep = [m for i, m in rows if m is not None and m.get("epoch", 0) <= epochs]
+        write_atomic(self.path / METRICS, "".join(json.dumps(m) + "\n" for m in keep))
 
     def save(self, name: str, obj: Dict[str, Any]) -> None:
         if self.owner:

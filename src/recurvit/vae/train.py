@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from ..errors import UserError
 from ..train import checkpoint as ckpt_io
-from ..train.checks import divergence_advice
+from ..train.checks import Diverged, how_to_go_on
 from ..train.optim import build_optimizer, build_scheduler, follow_config, optimizer_step
 from ..train.resume import check_resume, config_changes
 from ..train.rundir import RunDir, open_run
@@ -59,8 +59,11 @@ def train_vae(cfg: VAERunConfig, out: Path, resume: bool = False, log: Callable 
     ``stop_after=k`` stops after epoch k as an interruption would (the run can be resumed).
     """
     _check(cfg)
-    with open_run(Path(out), resume, log=log) as run, EpochWriter(run.path, cfg.train.tensorboard) as tb:
-        return _train_vae(cfg, run, resume and run.has_checkpoint(), log, stop_after, tb)
+    try:
+        with open_run(Path(out), resume, log=log) as run, EpochWriter(run.path, cfg.train.tensorboard) as tb:
+            return _train_vae(cfg, run, resume and run.has_checkpoint(), log, stop_after, tb)
+    except Diverged as e:  # the directory is closed now (removed if it held nothing): advise what is true of it
+        raise how_to_go_on(e, Path(out)) from None
 
 
 def _train_vae(cfg: VAERunConfig, run: RunDir, resume: bool, log: Callable, stop_after: Optional[int],
@@ -185,7 +188,7 @@ def _train_one_epoch(model, loader, opt, sched, device, cfg: VAERunConfig, epoch
             loss = loss + tc.adv.weight * g
             sums["g_adv"] += g.item() * len(x)
         if not torch.isfinite(loss):
-            raise UserError(f"training diverged (loss={loss.item()}) at epoch {epoch + 1}; {divergence_advice(tc)}")
+            raise Diverged(loss.item(), epoch + 1, tc)
         optimizer_step(model, opt, sched, loss, tc.grad_clip)
         if adv_on:
             d = d_hinge_loss(disc(x), disc(xr.detach()))
