@@ -163,6 +163,8 @@ def collect(root: Path) -> List[Line]:
                 figure, verdict = f"`recurvit study {path.relative_to(root)}` has not reported yet", "not measured yet"
             else:
                 figure, verdict = decision_text(c, d), d.verdict
+                if len(rows) < len(study.runs):  # decided on the runs in so far: say so
+                    figure += f" (partial study: {len(rows)} of {len(study.runs)} runs in)"
             lines.append(Line(c, study.results.name, figure, verdict, rule_came(root, path, c.id, results)))
     studyless = root / "studies" / STUDYLESS
     if studyless.is_file():
