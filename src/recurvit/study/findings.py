@@ -23,7 +23,7 @@ from . import rules
 from .claims import NOT_TESTED, Claim, decide_all, load_claims
 from .history import rule_came
 from .spec import load_study
-from .stats import mean_ci
+from .stats import fmt_p, mean_ci
 
 SOURCES = ("Crossroads", "bViT", "SR-ViT", "LoopVAE", "recurvit")  # the table's order: the abstracts' claims first
 STUDYLESS = "claims.yaml"
@@ -71,7 +71,11 @@ def decision_text(claim: Claim, d: rules.Decision) -> str:
         return f"{label}: {d.note}" if claim.rule != "all_of" else d.note
     if d.verdict == rules.NOT_MEASURED:
         return f"{label}: fewer than 2 runs per cell"
-    text = f"{label}: " + rules.fmt_decision(d, scale=claim.scale, unit=claim.unit)
+    if claim.rule == "near_chance":  # a level, not a difference: no sign, and the chance it is held to
+        text = (f"{label}: {d.estimate * claim.scale:.2f}% [{d.lo * claim.scale:.2f}, {d.hi * claim.scale:.2f}], "
+                f"p = {fmt_p(d.p)} ({d.note})")
+    else:
+        text = f"{label}: " + rules.fmt_decision(d, scale=claim.scale, unit=claim.unit)
     n = min(d.n) if d.n else 0
     if not math.isnan(d.seeds_needed) and d.verdict == rules.NOT_SEPARABLE:
         need = "more than 1000" if math.isinf(d.seeds_needed) else f"{d.seeds_needed:.0f}"
