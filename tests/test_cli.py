@@ -105,3 +105,11 @@ def test_help_imports_no_torch_and_the_exit_criteria_match_the_models():
            "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False"
+
+
+def test_print_config_shows_the_resolved_model_sizes(capsys):
+    import yaml
+
+    assert main(["train", "--print-config"]) == 0
+    model = yaml.safe_load(capsys.readouterr().out)["model"]
+    assert (model["img_size"], model["in_chans"], model["num_classes"]) == (8, 1, 10)  # digits, not null

@@ -336,3 +336,33 @@ def test_a_file_name_with_a_newline_is_quoted_in_errors(tmp_path):
     with pytest.raises(UserError) as e:
         _build(root)
     assert repr(str(link)) in _one_line(e)
+
+
+def test_checkpoints_and_config_follow_the_umask(tmp_path):
+    import os
+    import stat
+
+    from recurvit.config import load_config
+    from recurvit.train.loop import train
+
+    old = os.umask(0o022)
+    try:
+        cfg = load_config("configs/digits/bvit.yaml", ["model.embed_dim=24", "model.num_heads=2", "model.steps=2",
+                                                       "train.epochs=1", "train.progress=false"])
+        train(cfg, tmp_path / "run", log=lambda *a: None)
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "run").iterdir() if p.name != ".lock"}
+    assert modes == {"config.yaml": 0o644, "last.pt": 0o644, "metrics.jsonl": 0o644}, modes
+
+
+def test_a_warmup_longer_than_training_says_so_in_one_line(tmp_path):
+    from recurvit.config import load_config
+    from recurvit.train.loop import train
+
+    lines = []
+    cfg = load_config("configs/digits/bvit.yaml", ["model.embed_dim=24", "model.num_heads=2", "model.steps=2",
+                                                   "train.epochs=2", "train.warmup_epochs=2", "train.progress=false"])
+    train(cfg, tmp_path / "run", log=lines.append)
+    notes = [ln for ln in lines if "never reaches train.lr" in ln]
+    assert len(notes) == 1 and "train.warmup_epochs=2 >= train.epochs=2" in notes[0]

@@ -39,8 +39,11 @@ def run(args) -> int:
     cfg = load_run_config(args, load_config, _default_config())
     if args.print_config:
         from ..config import to_yaml
+        from ..data import build_datasets
+        from ..train.runtime import resolve_model_config
 
-        print(to_yaml(cfg), end="")
+        _, _, info = build_datasets(cfg.data, with_train=False)  # the sizes the data set gives the model
+        print(to_yaml(resolve_model_config(cfg, info)), end="")
         return 0
     out = args.resume if args.resume is not None else args.out
     if args.nproc is not None and args.nproc > 1:

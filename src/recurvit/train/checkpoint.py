@@ -82,6 +82,13 @@ def _size(n: int) -> str:
     return f"{n:,} bytes" if n < 10**6 else f"{n / 10**6:,.1f} MB ({n:,} bytes)"
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], needed: Optional[int] = None) -> None:
     """``write(f)`` into a temp file in the same directory, fsync, rename over ``path``, fsync the
     directory: a crash (or a power loss) never leaves half a file (a leftover ``.NAME.XXXX.tmp`` is
@@ -94,6 +101,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], needed: Op
         raise_if_no_space(e, path, needed)
         raise
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600: follow the umask, as a plain open() would
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

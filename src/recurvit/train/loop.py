@@ -249,6 +249,9 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
     log(f"model {cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)} core, {n_params:,} params, "
         f"steps={model.nominal_steps}) on {cfg.data.name} ({len(train_loader.dataset)} train / "
         f"{len(test_loader.dataset)} test{val_note}), {where}")
+    if cfg.train.warmup_epochs >= cfg.train.epochs:
+        log(f"note: train.warmup_epochs={cfg.train.warmup_epochs:g} >= train.epochs={cfg.train.epochs}: the learning "
+            f"rate never reaches train.lr={cfg.train.lr:g} (lower train.warmup_epochs)")
     metrics: Dict[str, float] = (state or {}).get("metrics") or {}
     if state is not None and not metrics:  # a checkpoint from before last.pt kept its metrics: the logged line
         metrics = next(iter(run.read_metrics()[-1:]), {})
