@@ -113,3 +113,9 @@ def test_print_config_shows_the_resolved_model_sizes(capsys):
     assert main(["train", "--print-config"]) == 0
     model = yaml.safe_load(capsys.readouterr().out)["model"]
     assert (model["img_size"], model["in_chans"], model["num_classes"]) == (8, 1, 10)  # digits, not null
+
+
+def test_data_root_on_a_digits_run_is_an_error_not_ignored(run_dir, capsys):
+    assert main(["eval", str(run_dir), "--data-root", "/somewhere"]) == 2
+    err = capsys.readouterr().err
+    assert "--data-root does not apply" in err and "digits" in err and len(err.strip().splitlines()) == 1

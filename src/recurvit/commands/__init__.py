@@ -72,3 +72,17 @@ def load_run_config(args, load, default_path: str):
     if config is not None:
         raise UserError("--resume reads the run's own config.yaml; give only key=value overrides with it")
     return load(args.resume / "config.yaml", overrides)
+
+
+SHIPPED_DATA = ("digits", "synthetic")  # data sets that live in the package: no folder to point at
+
+
+def apply_data_root(cfg, root) -> None:
+    """``--data-root DIR``: where the run's data set lives now (overrides data.root); an error for a data
+    set that has no folder, instead of silently evaluating on the shipped data."""
+    if not root:
+        return
+    if cfg.data.name in SHIPPED_DATA:
+        raise UserError(f"--data-root does not apply: this run's data set is {cfg.data.name}, which ships with "
+                        "the package (there is no folder to read)")
+    cfg.data.root = str(root)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import add_device_arg, add_force_arg, print_json
+from . import apply_data_root, add_device_arg, add_force_arg, print_json
 
 
 def add_parser(sub):
@@ -51,8 +51,7 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     model, cfg = load_model_and_config(args.run)
-    if args.data_root:
-        cfg.data.root = args.data_root
+    apply_data_root(cfg, args.data_root)
     if args.steps is not None:
         try:
             model.core.check_steps(args.steps)

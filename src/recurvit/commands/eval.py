@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import add_device_arg, add_force_arg, parse_overrides, print_json
+from . import apply_data_root, add_device_arg, add_force_arg, parse_overrides, print_json
 
 
 def add_parser(sub):
@@ -34,8 +34,7 @@ def run(args) -> int:
     options = parse_overrides(args.options)
     model, cfg = load_model_and_config(args.run, **options)
     check_finite(model, args.run)  # NaN weights would report a meaningless accuracy (a constant argmax)
-    if args.data_root:
-        cfg.data.root = args.data_root
+    apply_data_root(cfg, args.data_root)
     device = pick_device(args.device)
     model.to(device)
     test_loader, _ = build_test_loader(cfg)

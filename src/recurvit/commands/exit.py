@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import add_device_arg, add_force_arg, print_json
+from . import apply_data_root, add_device_arg, add_force_arg, print_json
 
 
 CRITERIA = ("kl", "entropy", "max_prob", "state")  # models.adaptive.CRITERIA (a test keeps them equal); no torch
@@ -89,8 +89,7 @@ def run(args) -> int:
     note = None
     if args.max_steps is not None and K < args.max_steps:
         note = f"this {model.cfg.core} model runs at most {K} steps; --max-steps capped"
-    if args.data_root:
-        cfg.data.root = args.data_root
+    apply_data_root(cfg, args.data_root)
     device = pick_device(args.device)
     model.to(device)
     amp = cfg.train.amp
