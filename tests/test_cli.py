@@ -119,3 +119,18 @@ def test_data_root_on_a_digits_run_is_an_error_not_ignored(run_dir, capsys):
     assert main(["eval", str(run_dir), "--data-root", "/somewhere"]) == 2
     err = capsys.readouterr().err
     assert "--data-root does not apply" in err and "digits" in err and len(err.strip().splitlines()) == 1
+
+
+def test_every_subcommand_help_shows_its_defaults(capsys):
+    import pytest as _pytest
+
+    from recurvit.cli import COMMANDS
+
+    for name in COMMANDS:
+        with _pytest.raises(SystemExit):
+            main([name, "--help"])
+        text = capsys.readouterr().out
+        assert "usage: recurvit " + name in text
+    with _pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert "(default: auto)" in capsys.readouterr().out

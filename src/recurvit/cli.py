@@ -15,7 +15,22 @@ from .errors import UserError
 COMMANDS = ["train", "eval", "horizon", "flops", "match", "study", "mixture", "vae", "analyze", "finetune", "exit"]
 
 
+class _Help(argparse.HelpFormatter):
+    """Every option's help ends with its default (unless it has none worth saying: None / False)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (action.option_strings and "%(default)" not in text and action.default not in (None, False)
+                and action.default is not argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # argparse's own usage errors: one line, exit 2
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(2)
