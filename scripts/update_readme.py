@@ -1,9 +1,9 @@
 """Copy generated results into README.md between markers; never type figures by hand.
 
-    python scripts/update_readme.py            # rewrite README.md, print how many blocks changed
-    python scripts/update_readme.py --check    # exit 1 if README.md is not what its files generate
-    options: --readme PATH (default README.md at the repo root), --root DIR (where include paths
-    are resolved, default the repo root)
+    python scripts/update_readme.py            # rewrite README.md and docs/*.md, print how many blocks changed
+    python scripts/update_readme.py --check    # exit 1 if a page is not what its files generate
+    options: --readme PATH (only that page), --root DIR (where include paths are resolved, default the
+    repo root; links in included text are rewritten to be relative to the page's folder)
 
 A block is two marker lines, each alone on its line:
 
@@ -20,6 +20,7 @@ fence, so the markers stay outside the fence. Unpaired or nested markers, a malf
 missing PATH or a range beyond its end: one line on stderr naming the README line, exit status 2.
 """
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -64,8 +65,18 @@ def _options(opts: str) -> dict:
     return found
 
 
-def update(text: str, root: Path) -> tuple[str, int, list[str]]:
-    """(new text, number of blocks, ``'line N (PATH)'`` of each block whose body changes)."""
+LINK = re.compile(r"\]\((?!https?:|#|/)([^)\s]+)\)")
+
+
+def relink(text: str, prefix: str) -> str:
+    """Relative markdown link targets (written for the repository root) made relative to a page in a
+    sub-folder: ``](results/x.md)`` -> ``](../results/x.md)`` for a page in docs/."""
+    return LINK.sub(lambda m: f"]({prefix}/{m[1]})", text) if prefix not in ("", ".") else text
+
+
+def update(text: str, root: Path, prefix: str = ".") -> tuple[str, int, list[str]]:
+    """(new text, number of blocks, ``'line N (PATH)'`` of each block whose body changes); ``prefix``: the
+    way from the page's folder to ``root`` (links in the included text are rewritten through it)."""
     out, changed, count = [], [], 0
     block = None  # (line number, path, generated text, old body lines) while inside a block
     for number, line in enumerate(text.splitlines(keepends=True), 1):
@@ -81,7 +92,8 @@ def update(text: str, root: Path) -> tuple[str, int, list[str]]:
                 if not path.is_file():
                     raise IncludeError(f"include path {match['path']} does not exist under {root}")
                 opts = _options(match["opts"])
-                block = (number, match["path"], generate(path, opts.get("lines"), opts.get("fence")), [])
+                body = generate(path, opts.get("lines"), opts.get("fence"))
+                block = (number, match["path"], body if opts.get("fence") else relink(body, prefix), [])
                 out.append(line)
             elif stripped.startswith("<!-- /include"):
                 if stripped != CLOSE:
@@ -107,26 +119,36 @@ def update(text: str, root: Path) -> tuple[str, int, list[str]]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if README differs from what its files generate")
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md", help="file to update (default: README.md)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page differs from what its files generate")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="the one file to update (default: README.md and every docs/*.md)")
     parser.add_argument("--root", type=Path, default=ROOT, help="directory include paths are resolved in")
     args = parser.parse_args(argv)
+    pages = [args.readme] if args.readme else [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    status = 0
+    for page in pages:
+        status = max(status, _one(page, args.root, args.check))
+    return status
+
+
+def _one(page: Path, root: Path, check: bool) -> int:
     try:
-        text = args.readme.read_text()
-        new, count, changed = update(text, args.root)
+        text = page.read_text()
+        prefix = os.path.relpath(root.resolve(), page.resolve().parent)
+        new, count, changed = update(text, root, prefix)
     except (IncludeError, OSError) as err:
-        print(f"{args.readme}: {err}", file=sys.stderr)
+        print(f"{page}: {err}", file=sys.stderr)
         return 2
-    if args.check:
+    if check:
         if changed:
-            print(f"{args.readme} is out of date in {len(changed)} of {count} include blocks: {', '.join(changed)}; "
+            print(f"{page} is out of date in {len(changed)} of {count} include blocks: {', '.join(changed)}; "
                   f"run python scripts/update_readme.py", file=sys.stderr)
             return 1
-        print(f"{args.readme}: {count} include blocks up to date")
+        print(f"{page}: {count} include blocks up to date")
         return 0
     if new != text:
-        args.readme.write_text(new)
-    print(f"updated {len(changed)} of {count} include blocks in {args.readme}")
+        page.write_text(new)
+    print(f"updated {len(changed)} of {count} include blocks in {page}")
     return 0
 
 

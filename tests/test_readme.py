@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+BLOCKS = [b for page in PAGES for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
@@ -15,3 +17,10 @@ def test_readme_python_example_runs(code):
 
 def test_readme_has_python_examples():
     assert len(BLOCKS) >= 2
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_relative_link_of_the_front_page_and_docs_exists(page):
+    targets = re.findall(r"\]\((?!https?:|#)([^)\s#]+)", page.read_text())
+    missing = [t for t in targets if not (page.parent / t).exists()]
+    assert not missing, missing

@@ -191,12 +191,13 @@ claim with a stated margin, so it can fail. *Rule came* is read from git: **befo
 rule was committed before the first commit of the results it reads, **after** otherwise."""
 
 
-def table(lines: Sequence[Line]) -> List[str]:
+def table(lines: Sequence[Line], root: Path) -> List[str]:
     out = ["| # | source | claim | data · study | rule | rule came | deciding figure | verdict |",
            "|---|---|---|---|---|---|---|---|"]
     for i, ln in enumerate(lines, 1):
         c = ln.claim
-        where = f"[{ln.study}](results/{ln.study}/report.md)" if ln.study else "-"
+        report = root / "results" / ln.study / "report.md"
+        where = (f"[{ln.study}](results/{ln.study}/report.md)" if report.is_file() else ln.study) if ln.study else "-"
         data = f"{c.data} · {where}" if c.data else where
         out.append(f"| {i} | {c.source} | {c.words} | {data} | {rule_text(c)} | {ln.came} | {ln.figure} | "
                    f"**{ln.verdict}** |")
@@ -218,4 +219,4 @@ def summary(lines: Sequence[Line]) -> List[str]:
 
 def render(root: Path, extra: Sequence[str] = ()) -> str:
     lines = collect(root)
-    return "\n".join([HEADER, "", *summary(lines), "", *table(lines), *extra]) + "\n"
+    return "\n".join([HEADER, "", *summary(lines), "", *table(lines, root), *extra]) + "\n"
