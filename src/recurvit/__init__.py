@@ -15,9 +15,9 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 _LAZY = {
     "create_model": "recurvit.models", "list_models": "recurvit.models", "model_config": "recurvit.models",
     "load_config": "recurvit.config", "ModelConfig": "recurvit.config", "DataConfig": "recurvit.config",
-    "TrainConfig": "recurvit.config", "RunConfig": "recurvit.config",
+    "TrainConfig": "recurvit.config", "RunConfig": "recurvit.config", "predict": "recurvit.export",
 }
-__all__ = ["create_model", "list_models", "load_model", "model_config", "load_config",
+__all__ = ["create_model", "list_models", "load_model", "model_config", "load_config", "predict",
            "ModelConfig", "DataConfig", "TrainConfig", "RunConfig", "__version__"]
 
 

@@ -46,6 +46,14 @@ class DatasetInfo:
     std: tuple[float, ...]
     skipped_images: int = 0  # imagefolder, data.skip_bad_images=true: unreadable images left out
     notes: tuple[str, ...] = ()  # one-line remarks for the run's log (build_datasets logs them too)
+    class_names: tuple[str, ...] = ()  # label index -> name (digits "0".."9", Fashion-MNIST's, a folder's)
+
+
+CLASS_NAMES = {
+    "fashion_mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                      "Ankle boot"),
+    "cifar10": ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
+}  # others: the label index as its name (digits: "0".."9")
 
 
 @dataclass(frozen=True)
@@ -140,7 +148,8 @@ def _in_memory(
     padding, hflip = _augment_options(cfg, size)
     train_tf = T.tensor_train_transform(size, native, mean, std, padding, hflip, bool(cfg.randaugment))
     test_tf = T.tensor_test_transform(size, native, mean, std)
-    info = DatasetInfo(cfg.name, size, chans, num_classes, tuple(mean), tuple(std))
+    info = DatasetInfo(cfg.name, size, chans, num_classes, tuple(mean), tuple(std),
+                       class_names=CLASS_NAMES.get(cfg.name, tuple(str(i) for i in range(num_classes))))
     train_set = TensorImageDataset(*train, transform=train_tf) if train is not None else None
     return train_set, TensorImageDataset(*test, transform=test_tf), info
 
@@ -173,7 +182,7 @@ def _image_folder(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Da
         if ds is not None and ds.skipped and len(ds) == 0:
             raise UserError(f"imagefolder: none of the {len(ds.skipped)} images in {shown(dirs[split])} can be read")
     if train is None:
-        info = DatasetInfo(cfg.name, size, 3, len(test.classes), mean, std, len(test.skipped), ())
+        info = DatasetInfo(cfg.name, size, 3, len(test.classes), mean, std, len(test.skipped), (), tuple(test.classes))
         return None, test, info
     if train.classes != test.classes:
         raise UserError(
@@ -185,7 +194,7 @@ def _image_folder(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Da
     if skipped:
         notes = (f"imagefolder: left out {len(skipped)} unreadable image(s) ({len(train.skipped)} train,"
                  f" {len(test.skipped)} val; data.skip_bad_images=true), first {shown(skipped[0])}",)
-    info = DatasetInfo(cfg.name, size, 3, len(train.classes), mean, std, len(skipped), notes)
+    info = DatasetInfo(cfg.name, size, 3, len(train.classes), mean, std, len(skipped), notes, tuple(train.classes))
     return train, test, info
 
 

@@ -260,6 +260,11 @@ def load_model_and_config(path: str | Path, map_location: Any = "cpu", **overrid
         attach_adapters(model, ckpt["adapter"])
     load_state(model, ckpt["model"], p)
     model.eval()
+    from ..export.preprocessing import preprocessing_of, pretrained_cfg
+
+    data = preprocessing_of(ckpt, cfg)
+    if data is not None:  # timm.data.resolve_data_config(model=m) reads it
+        model.pretrained_cfg = pretrained_cfg(data, model.cfg.num_classes)
     return model, cfg
 
 

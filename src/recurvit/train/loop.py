@@ -23,6 +23,7 @@ from ..config import RunConfig, as_dict, to_yaml
 from ..errors import UserError
 from . import checkpoint as ckpt_io
 from . import distributed as dist_io
+from ..export.preprocessing import data_record
 from .budget import check_param_memory, check_train_memory
 from .checks import Diverged, check_train_config, how_to_go_on, out_of_memory
 from .losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
@@ -241,6 +242,7 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
                                                force=force))
     run.write_config(to_yaml(cfg))  # what the run actually uses, overrides of a resume included
     cfg_dict = as_dict(cfg)
+    data_info = data_record(cfg, info)  # what using the model needs without its training data
 
     n_params = sum(p.numel() for p in model.parameters())
     val_note = (f" / {len(val_loader.dataset)} validation, best.pt chosen on it" if val_loader is not None
@@ -280,7 +282,8 @@ def _train(cfg: RunConfig, run: RunDir, resume: bool, log, stop_after: Optional[
         run.append_metrics(metrics)
         if tb is not None:
             tb.add_epoch(metrics)  # TensorBoard (train.tensorboard=true, rank 0): a copy of the metrics line
-        record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "model": model.state_dict(), "epoch": epoch + 1}
+        record = {"format": ckpt_io.FORMAT, "config": cfg_dict, "model": model.state_dict(), "epoch": epoch + 1,
+                  "data": data_info}
         if best:
             run.save("best.pt", {**record, "val_acc": best_acc, "test_acc": metrics["test_acc"]})
         run.save("last.pt", {**record, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),

@@ -1,0 +1,64 @@
+"""recurvit predict RUN IMAGE... | FOLDER [--topk K] [--steps K] [--json | --csv FILE]"""
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+from . import add_device_arg, print_json
+
+
+def add_parser(sub):
+    p = sub.add_parser("predict", help="class names and probabilities for your own images",
+                       description="Predicts each image with the run's own preprocessing (its input size, channels "
+                                   "and mean / std, kept in the checkpoint). A folder is read recursively. An "
+                                   "unreadable file is one line on stderr and skipped (with a count at the end). "
+                                   "Examples: recurvit predict runs/digits-bvit_tiny-... my_digits/ --topk 3; "
+                                   "recurvit predict RUN cat.png --json")
+    p.add_argument("run", type=Path, help="run directory or checkpoint file")
+    p.add_argument("images", nargs="+", type=Path, help="image files or folders of images")
+    p.add_argument("--topk", type=int, default=5, help="classes to print per image")
+    p.add_argument("--steps", type=int, help="steps to run (default: the trained depth)")
+    p.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
+    add_device_arg(p)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    out.add_argument("--csv", type=Path, metavar="FILE", help="write image, rank, label, prob rows to FILE")
+    return p
+
+
+def run(args) -> int:
+    from ..errors import UserError
+    from ..export.predict import image_files, predict, read_images
+    from ..train.checkpoint import load_model
+    from ..train.runtime import pick_device
+
+    if args.steps is not None and args.steps < 1:
+        raise UserError(f"--steps must be >= 1, got {args.steps}")
+    model = load_model(args.run)
+    if not getattr(model, "pretrained_cfg", None):
+        raise UserError(f"{args.run} carries no preprocessing and its data set is not at hand to derive it; "
+                        "train it again with this recurvit (checkpoints now keep it)")
+    model.to(pick_device(args.device))
+    pairs, bad = read_images(image_files(args.images))
+    for name, why in bad:
+        print(f"skipped {name!r}: {why}", file=sys.stderr)
+    if not pairs:
+        raise UserError(f"none of the {len(bad)} files given could be read as an image")
+    preds = predict(model, [im for _, im in pairs], topk=args.topk, steps=args.steps, batch_size=args.batch_size,
+                    names=[n for n, _ in pairs])
+    if args.json:
+        print_json({"run": str(args.run), "predictions": [p.as_dict() for p in preds], "skipped": len(bad)})
+    elif args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["image", "rank", "label", "prob"])
+            for p in preds:
+                w.writerows([p.source, k, name, f"{q:.6g}"] for k, (name, q) in enumerate(p.top, 1))
+        print(f"wrote {len(preds)} predictions to {args.csv}")
+    else:
+        for p in preds:
+            print(p.source + "  " + "  ".join(f"{name} {q:.4f}" for name, q in p.top))
+    if bad:
+        print(f"{len(bad)} of {len(bad) + len(pairs)} files skipped (unreadable)", file=sys.stderr)
+    return 0

@@ -1,0 +1,108 @@
+"""Predictions for your own images with a run's own preprocessing (``recurvit predict``, ``recurvit.predict``).
+
+The preprocessing is the run's evaluation pipeline, rebuilt from its checkpoint (``model.pretrained_cfg``):
+in-memory data sets (digits, Fashion-MNIST, CIFAR) read uint8 images at their native size, so a PNG of a
+test image gives exactly the tensor ``recurvit eval`` sees; image-folder runs resize and centre-crop."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from ..errors import UserError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+
+
+@dataclass
+class Prediction:
+    source: str                       # the file (or "image <i>" for an in-memory image)
+    top: List[Tuple[str, float]]      # (class name, probability), most probable first
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"image": self.source, "top": [{"label": n, "prob": p} for n, p in self.top]}
+
+
+def image_files(paths: Sequence[Union[str, Path]]) -> List[Path]:
+    """The files of ``paths``: each file as given, each folder's images (recursively, sorted)."""
+    out: List[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise UserError(f"no such image or folder: {p}")
+    return out
+
+
+def read_images(files: Iterable[Path]) -> Tuple[List[Tuple[str, Any]], List[Tuple[str, str]]]:
+    """(readable (name, PIL image) pairs, unreadable (name, reason) pairs)."""
+    from PIL import Image, UnidentifiedImageError
+
+    ok, bad = [], []
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                im.load()
+                ok.append((str(f), im.copy()))
+        except (UnidentifiedImageError, OSError, ValueError) as e:
+            bad.append((str(f), str(e).splitlines()[0] if str(e) else type(e).__name__))
+    return ok, bad
+
+
+def _transform(cfg: Dict[str, Any]):
+    from ..data import transforms as T
+
+    data = cfg.get("recurvit_data")
+    if data is None:
+        raise UserError("this model carries no preprocessing (pretrained_cfg); load it with recurvit.load_model(RUN)")
+    size, chans, mean, std = data["img_size"], data["in_chans"], data["mean"], data["std"]
+    if data["pipeline"] == "folder":
+        folder = T.folder_test_transform(size, mean, std)
+        return lambda im: folder(im.convert("RGB"))
+
+    def tensor(im):
+        import numpy as np
+
+        arr = np.asarray(im.convert("L" if chans == 1 else "RGB"), dtype=np.uint8)
+        x = torch.from_numpy(arr.copy())
+        x = x[None] if x.ndim == 2 else x.permute(2, 0, 1)  # (C, H, W) uint8, as the in-memory data sets
+        if x.shape[-1] != x.shape[-2]:
+            raise UserError(f"a {x.shape[-1]}x{x.shape[-2]} image for a model trained on square "
+                            f"{size}x{size} images; crop it square first")
+        return T.tensor_test_transform(size, int(x.shape[-1]), mean, std)(x)
+
+    return tensor
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, images: Sequence[Any], topk: int = 5, steps: Optional[int] = None,
+            batch_size: int = 64, names: Optional[Sequence[str]] = None) -> List[Prediction]:
+    """Class names and probabilities for PIL images (or paths to image files), with the run's own
+    preprocessing (``model.pretrained_cfg``, set by ``recurvit.load_model``); ``steps``: run K steps."""
+    if topk < 1:
+        raise UserError(f"--topk must be >= 1, got {topk}")
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {batch_size}")
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    tf = _transform(cfg)
+    labels = list(cfg.get("label_names") or [])
+    if any(isinstance(im, (str, Path)) for im in images):
+        pairs, bad = read_images(Path(im) for im in images)
+        if bad:
+            raise UserError(f"cannot read {bad[0][0]}: {bad[0][1]}")
+        names, images = [n for n, _ in pairs], [im for _, im in pairs]
+    names = list(names) if names is not None else [f"image {i}" for i in range(len(images))]
+    device = next(model.parameters()).device
+    model.eval()
+    out: List[Prediction] = []
+    for i in range(0, len(images), batch_size):
+        x = torch.stack([tf(im) for im in images[i:i + batch_size]]).to(device)
+        probs = model(x, steps=steps).float().softmax(-1)
+        p, idx = probs.topk(min(topk, probs.shape[-1]), dim=-1)
+        for name, pr, ix in zip(names[i:i + batch_size], p.tolist(), idx.tolist()):
+            out.append(Prediction(name, [(labels[j] if j < len(labels) else str(j), q) for j, q in zip(ix, pr)]))
+    return out

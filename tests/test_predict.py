@@ -1,0 +1,75 @@
+"""recurvit predict / recurvit.predict: a run predicts your own images with its own preprocessing, kept in
+its checkpoint (no training data needed); timm reads the same preprocessing from ``pretrained_cfg``."""
+import json
+
+import pytest
+import torch
+
+from recurvit.cli import main
+
+TINY = ["model.embed_dim=24", "model.num_heads=2", "model.steps=2", "train.batch_size=256", "train.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("predict") / "run"
+    assert main(["train", *TINY, "train.epochs=3", "--out", str(out), "--json"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def pngs(tmp_path_factory):
+    """The digits test split written as 8-bit grey PNGs, one folder a class."""
+    from PIL import Image
+
+    from recurvit.config import DataConfig
+    from recurvit.data import build_datasets
+
+    _, test, _ = build_datasets(DataConfig(name="digits"), with_train=False)
+    root = tmp_path_factory.mktemp("pngs")
+    for i, (img, y) in enumerate(zip(test.images, test.labels.tolist())):
+        (root / str(y)).mkdir(exist_ok=True)
+        Image.fromarray(img[0].numpy(), mode="L").save(root / str(y) / f"{i:04d}.png")
+    return root
+
+
+def test_predict_on_pngs_of_the_test_split_equals_eval(run, pngs, capsys):
+    assert main(["eval", str(run), "--json"]) == 0
+    accuracy = json.loads(capsys.readouterr().out)["accuracy"]
+    assert main(["predict", str(run), str(pngs), "--topk", "3", "--json"]) == 0
+    preds = json.loads(capsys.readouterr().out)["predictions"]
+    assert len(preds) == 360 and all(len(p["top"]) == 3 for p in preds)
+    right = [p["top"][0]["label"] == p["image"].split("/")[-2] for p in preds]  # folder = the true label
+    assert sum(right) / len(right) == pytest.approx(accuracy)
+
+
+def test_a_checkpoint_carries_its_preprocessing_and_timm_reads_it(run):
+    import timm.data
+
+    import recurvit
+
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    assert ckpt["data"]["img_size"] == 8 and ckpt["data"]["in_chans"] == 1
+    assert ckpt["data"]["class_names"] == [str(i) for i in range(10)]
+    model = recurvit.load_model(run)
+    cfg = timm.data.resolve_data_config(model=model)
+    assert cfg["input_size"] == (1, 8, 8) and cfg["mean"] == tuple(ckpt["data"]["mean"])  # not 3x224 ImageNet
+
+
+def test_python_predict_and_unreadable_files(run, pngs, tmp_path, capsys):
+    from PIL import Image
+
+    import recurvit
+
+    model = recurvit.load_model(run)
+    img = Image.open(next((pngs / "3").iterdir()))
+    (pred,) = recurvit.predict(model, [img], topk=2)
+    assert len(pred.top) == 2 and abs(sum(p for _, p in pred.top)) <= 1 + 1e-6
+    (tmp_path / "broken.png").write_bytes(b"not an image")
+    img.save(tmp_path / "ok.png")
+    assert main(["predict", str(run), str(tmp_path), "--csv", str(tmp_path / "p.csv")]) == 0
+    err = capsys.readouterr().err
+    assert "skipped" in err and "broken.png" in err and "1 of 2 files skipped" in err
+    assert (tmp_path / "p.csv").read_text().splitlines()[0] == "image,rank,label,prob"
+    (tmp_path / "ok.png").unlink()
+    assert main(["predict", str(run), str(tmp_path)]) == 2  # nothing readable: one line, exit 2
