@@ -73,3 +73,28 @@ def test_python_predict_and_unreadable_files(run, pngs, tmp_path, capsys):
     assert (tmp_path / "p.csv").read_text().splitlines()[0] == "image,rank,label,prob"
     (tmp_path / "ok.png").unlink()
     assert main(["predict", str(run), str(tmp_path)]) == 2  # nothing readable: one line, exit 2
+
+
+@pytest.mark.parametrize("model", [[], ["model.name=vit_tiny", "model.depth=2"],
+                                   ["model.name=srvit_tiny", "model.depth=2", "model.recursions=2"],
+                                   ["model.core=ode", "model.method=rk4", "model.t_end=2.0"]],
+                         ids=["bvit", "vit", "srvit", "ode"])
+def test_export_hf_loads_in_timm_and_recurvit_with_the_same_logits(tmp_path, model, capsys):
+    import timm
+
+    import recurvit
+
+    run = tmp_path / "run"
+    assert main(["train", *TINY, *model, "train.epochs=1", "--out", str(run), "--json"]) == 0
+    assert main(["export", str(run), "--format", "hf", str(tmp_path / "hf")]) == 0
+    x = torch.randn(3, 1, 8, 8)
+    ours = recurvit.load_model(run)
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'hf'}", pretrained=True).eval()
+    again = recurvit.load_model(tmp_path / "hf")
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), ours(x), rtol=0, atol=1e-6)
+        torch.testing.assert_close(again(x), ours(x), rtol=0, atol=0)
+    assert timm.data.resolve_data_config(model=theirs)["input_size"] == (1, 8, 8)
+    assert again.pretrained_cfg["label_names"] == [str(i) for i in range(10)]
+    capsys.readouterr()
+    assert main(["export", str(run), "--format", "hf", str(tmp_path / "hf")]) == 2  # never over an export

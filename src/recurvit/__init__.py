@@ -24,8 +24,11 @@ __all__ = ["create_model", "list_models", "load_model", "model_config", "load_co
 def load_model(path, map_location="cpu", **overrides):
     """Model from a run directory or checkpoint file, with its trained weights, in eval mode.
     ``overrides`` are core options to run it with (e.g. ``method="rk4"`` for an ODE run)."""
+    from .export.hf import is_hf_folder, load_hf
     from .train.checkpoint import load_model as _load
 
+    if is_hf_folder(path) and not overrides:  # a folder written by `recurvit export --format hf`
+        return load_hf(path)
     return _load(path, map_location=map_location, **overrides)
 
 

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from .errors import UserError
 
-COMMANDS = ["train", "eval", "horizon", "flops", "match", "study", "mixture", "vae", "analyze", "finetune", "exit", "predict"]
+COMMANDS = ["train", "eval", "horizon", "flops", "match", "study", "mixture", "vae", "analyze", "finetune", "exit", "predict", "export"]
 
 
 class _Help(argparse.HelpFormatter):

@@ -1,0 +1,45 @@
+"""recurvit export RUN --format hf|safetensors OUT"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import print_json
+
+
+def add_parser(sub):
+    p = sub.add_parser("export", help="a trained run in the Hugging Face / timm layout, or its weights as safetensors",
+                       description="--format hf writes OUT/config.json (the timm architecture, every model argument "
+                                   "and the preprocessing) and OUT/model.safetensors: timm.create_model("
+                                   "'local-dir:OUT', pretrained=True) and recurvit.load_model(OUT) give the run's "
+                                   "logits, and timm's push_to_hf_hub publishes it. --format safetensors writes the "
+                                   "weights alone to OUT (a file). Example: recurvit export runs/digits-bvit_tiny-... "
+                                   "--format hf exported/bvit-digits")
+    p.add_argument("run", type=Path, help="run directory or checkpoint file")
+    p.add_argument("out", type=Path, help="output folder (hf) or file (safetensors)")
+    p.add_argument("--format", choices=("hf", "safetensors"), default="hf", help="what to write")
+    p.add_argument("--json", action="store_true", help="print what was written as JSON")
+    return p
+
+
+def run(args) -> int:
+    from ..errors import UserError
+    from ..export.hf import export_hf
+
+    if args.format == "hf":
+        written = export_hf(args.run, args.out)
+        files = sorted(str(p) for p in written.iterdir())
+    else:
+        from safetensors.torch import save_file
+
+        from ..train.checkpoint import load_model
+
+        if args.out.exists():
+            raise UserError(f"{args.out} exists; choose another OUT")
+        model = load_model(args.run)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(args.out))
+        files = [str(args.out)]
+    if args.json:
+        print_json({"run": str(args.run), "format": args.format, "files": files})
+    else:
+        print(f"wrote {', '.join(files)}")
+    return 0

@@ -1,0 +1,86 @@
+"""A run in the Hugging Face / timm layout: a folder with ``config.json`` (the timm architecture, its
+arguments and the preprocessing) and ``model.safetensors``.
+
+    recurvit export RUN --format hf OUT
+    timm.create_model("local-dir:OUT", pretrained=True)      # the same logits as the run
+    recurvit.load_model(OUT)                                 # the same model, through recurvit
+    timm.models.push_to_hf_hub(model, "user/name")           # publishing (network: not tested here)
+
+The architecture is one of the names recurvit registers in timm (``bvit_tiny_patch16_224`` etc.) and
+``model_args`` hold every setting of the run's model config, so a model of any width, depth, core or
+step count (not only a preset) comes back as it was trained.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Dict
+
+ARCH = "{preset}_patch16_224"  # a timm entry point; every argument below overrides its defaults
+PRESET_FAMILY = {"vit": "bvit", "bvit": "bvit", "srvit": "srvit"}  # the timm names recurvit registers
+
+
+def model_args(cfg) -> Dict[str, Any]:
+    """The run's model config as ``create_model`` keyword arguments (core options flat)."""
+    mc = {k: v for k, v in dataclasses.asdict(cfg.model).items() if v is not None and k != "name"}
+    options = mc.pop("options", None) or {}
+    return {**mc, **options}
+
+
+def architecture(cfg) -> str:
+    family, _, size = cfg.model.name.partition("_")
+    if family not in PRESET_FAMILY or size not in ("tiny", "small", "base"):
+        from ..errors import UserError
+
+        raise UserError(f"model {cfg.model.name} has no timm entry point to export under")
+    preset = f"{PRESET_FAMILY[family]}_{size}"
+    if family == "vit":  # a stack: recurvit's bViT entry point builds it with core="stack"
+        preset = f"bvit_{size}"
+    return ARCH.format(preset=preset)
+
+
+def export_hf(run: Path, out: Path) -> Path:
+    from safetensors.torch import save_file
+
+    from ..errors import UserError
+    from ..train.checkpoint import load_model_and_config
+
+    model, cfg = load_model_and_config(run)
+    if getattr(model, "adapters", None):
+        raise UserError("a step-LoRA fine-tune cannot be exported as one set of weights; export its unrolled.pt")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"{out} exists and is not empty; choose another OUT")
+    out.mkdir(parents=True, exist_ok=True)
+    args = model_args(cfg)
+    if cfg.model.name.startswith("vit_"):
+        args.setdefault("core", "stack")
+    pre = dict(getattr(model, "pretrained_cfg", None) or {})
+    pre.pop("recurvit_data", None)
+    config = {"architecture": architecture(cfg), "model_args": args, "num_classes": cfg.model.num_classes,
+              "label_names": pre.get("label_names", []), "pretrained_cfg": pre,
+              "recurvit": {"model": cfg.model.name, "data": (getattr(model, "pretrained_cfg", {}) or {}).get("recurvit_data")}}
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    return out
+
+
+def is_hf_folder(path: Path) -> bool:
+    return (Path(path) / "config.json").is_file() and (Path(path) / "model.safetensors").is_file()
+
+
+def load_hf(path: Path):
+    """A folder written by :func:`export_hf`, as recurvit's model with its preprocessing."""
+    from safetensors.torch import load_file
+
+    from ..models import create_model
+    from .preprocessing import pretrained_cfg
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    model = create_model(config["recurvit"]["model"], **config["model_args"])
+    model.load_state_dict(load_file(str(Path(path) / "model.safetensors")))
+    data = config["recurvit"].get("data")
+    if data:
+        model.pretrained_cfg = pretrained_cfg(data, config["num_classes"])
+    return model.eval()
