@@ -34,10 +34,7 @@ def architecture(cfg) -> str:
         from ..errors import UserError
 
         raise UserError(f"model {cfg.model.name} has no timm entry point to export under")
-    preset = f"{PRESET_FAMILY[family]}_{size}"
-    if family == "vit":  # a stack: recurvit's bViT entry point builds it with core="stack"
-        preset = f"bvit_{size}"
-    return ARCH.format(preset=preset)
+    return ARCH.format(preset=f"{PRESET_FAMILY[family]}_{size}")  # a stack too: its core is in model_args
 
 
 def export_hf(run: Path, out: Path) -> Path:
@@ -53,9 +50,7 @@ def export_hf(run: Path, out: Path) -> Path:
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not empty; choose another OUT")
     out.mkdir(parents=True, exist_ok=True)
-    args = model_args(cfg)
-    if cfg.model.name.startswith("vit_"):
-        args.setdefault("core", "stack")
+    args = {**model_args(cfg), "core": model.cfg.core}  # the entry point's preset may default to another core
     pre = dict(getattr(model, "pretrained_cfg", None) or {})
     pre.pop("recurvit_data", None)
     config = {"architecture": architecture(cfg), "model_args": args, "num_classes": cfg.model.num_classes,
