@@ -98,3 +98,30 @@ def test_export_hf_loads_in_timm_and_recurvit_with_the_same_logits(tmp_path, mod
     assert again.pretrained_cfg["label_names"] == [str(i) for i in range(10)]
     capsys.readouterr()
     assert main(["export", str(run), "--format", "hf", str(tmp_path / "hf")]) == 2  # never over an export
+
+
+@pytest.mark.parametrize("model", [[], ["model.name=vit_tiny", "model.depth=2"],
+                                   ["model.name=srvit_tiny", "model.depth=2", "model.recursions=2"]],
+                         ids=["bvit", "vit", "srvit"])
+def test_torch_export_has_a_dynamic_batch_and_the_runs_logits(tmp_path, model):
+    import recurvit
+
+    run = tmp_path / "run"
+    assert main(["train", *TINY, *model, "train.epochs=1", "--out", str(run), "--json"]) == 0
+    assert main(["export", str(run), "--format", "torch-export", str(tmp_path / "m.pt2")]) == 0
+    program = torch.export.load(str(tmp_path / "m.pt2")).module()
+    for n in (1, 7):
+        x = torch.randn(n, 1, 8, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(program(x), recurvit.load_model(run)(x), rtol=0, atol=1e-6)
+
+
+def test_the_ode_core_says_in_one_line_why_it_cannot_be_torch_exported(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "model.core=ode", "model.method=rk4", "model.t_end=2.0", "train.epochs=1",
+                 "--out", str(run), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(run), "--format", "torch-export", str(tmp_path / "m.pt2")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be exported with torch.export" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m.pt2").exists()

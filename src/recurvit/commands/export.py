@@ -1,4 +1,4 @@
-"""recurvit export RUN --format hf|safetensors OUT"""
+"""recurvit export RUN --format hf|safetensors|torch-export OUT"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,7 +16,9 @@ def add_parser(sub):
                                    "--format hf exported/bvit-digits")
     p.add_argument("run", type=Path, help="run directory or checkpoint file")
     p.add_argument("out", type=Path, help="output folder (hf) or file (safetensors)")
-    p.add_argument("--format", choices=("hf", "safetensors"), default="hf", help="what to write")
+    p.add_argument("--format", choices=("hf", "safetensors", "torch-export"), default="hf",
+                   help="what to write (torch-export: torch.export.export at the trained depth, dynamic batch, "
+                        "saved with torch.export.save; load with torch.export.load(OUT).module())")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     return p
 
@@ -28,6 +30,10 @@ def run(args) -> int:
     if args.format == "hf":
         written = export_hf(args.run, args.out)
         files = sorted(str(p) for p in written.iterdir())
+    elif args.format == "torch-export":
+        from ..export.program import export_program
+
+        files = [str(export_program(args.run, args.out))]
     else:
         from safetensors.torch import save_file
 
