@@ -125,3 +125,21 @@ def test_the_ode_core_says_in_one_line_why_it_cannot_be_torch_exported(tmp_path,
     err = capsys.readouterr().err
     assert "cannot be exported with torch.export" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "m.pt2").exists()
+
+
+@pytest.mark.parametrize("model", [[], ["model.name=vit_tiny", "model.depth=2"],
+                                   ["model.name=srvit_tiny", "model.depth=2", "model.recursions=2"]],
+                         ids=["bvit", "vit", "srvit"])
+def test_onnx_export_runs_in_onnxruntime_with_the_runs_logits(tmp_path, model):
+    ort = pytest.importorskip("onnxruntime")
+    import recurvit
+
+    run = tmp_path / "run"
+    assert main(["train", *TINY, *model, "train.epochs=1", "--out", str(run), "--json"]) == 0
+    assert main(["export", str(run), "--format", "onnx", str(tmp_path / "m.onnx")]) == 0
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    for n in (1, 6):
+        x = torch.randn(n, 1, 8, 8)
+        (y,) = session.run(["logits"], {"images": x.numpy()})
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(y), recurvit.load_model(run)(x), rtol=0, atol=1e-5)

@@ -1,4 +1,4 @@
-"""recurvit export RUN --format hf|safetensors|torch-export OUT"""
+"""recurvit export RUN --format hf|safetensors|torch-export|onnx OUT"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,9 +16,10 @@ def add_parser(sub):
                                    "--format hf exported/bvit-digits")
     p.add_argument("run", type=Path, help="run directory or checkpoint file")
     p.add_argument("out", type=Path, help="output folder (hf) or file (safetensors)")
-    p.add_argument("--format", choices=("hf", "safetensors", "torch-export"), default="hf",
+    p.add_argument("--format", choices=("hf", "safetensors", "torch-export", "onnx"), default="hf",
                    help="what to write (torch-export: torch.export.export at the trained depth, dynamic batch, "
-                        "saved with torch.export.save; load with torch.export.load(OUT).module())")
+                        "saved with torch.export.save; load with torch.export.load(OUT).module()); onnx: the same through "
+                        "torch.onnx.export (input 'images', output 'logits'; needs the onnx extra)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     return p
 
@@ -30,10 +31,10 @@ def run(args) -> int:
     if args.format == "hf":
         written = export_hf(args.run, args.out)
         files = sorted(str(p) for p in written.iterdir())
-    elif args.format == "torch-export":
+    elif args.format in ("torch-export", "onnx"):
         from ..export.program import export_program
 
-        files = [str(export_program(args.run, args.out))]
+        files = [str(export_program(args.run, args.out, args.format))]
     else:
         from safetensors.torch import save_file
 
