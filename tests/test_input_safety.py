@@ -366,3 +366,18 @@ def test_a_warmup_longer_than_training_says_so_in_one_line(tmp_path):
     train(cfg, tmp_path / "run", log=lines.append)
     notes = [ln for ln in lines if "never reaches train.lr" in ln]
     assert len(notes) == 1 and "train.warmup_epochs=2 >= train.epochs=2" in notes[0]
+
+
+def test_an_image_folder_with_one_class_is_refused(tmp_path):
+    from PIL import Image
+
+    from recurvit.config import DataConfig
+    from recurvit.data import build_datasets
+    from recurvit.errors import UserError
+
+    for split in ("train", "val"):
+        (tmp_path / split / "only").mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / split / "only" / f"{i}.png")
+    with pytest.raises(UserError, match="1 class folder"):
+        build_datasets(DataConfig(name="imagefolder", root=str(tmp_path)))

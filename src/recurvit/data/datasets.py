@@ -6,7 +6,7 @@ per-item transform only does cheap tensor ops. Missing or malformed data raise a
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -46,7 +46,8 @@ class DatasetInfo:
     std: tuple[float, ...]
     skipped_images: int = 0  # imagefolder, data.skip_bad_images=true: unreadable images left out
     notes: tuple[str, ...] = ()  # one-line remarks for the run's log (build_datasets logs them too)
-    class_names: tuple[str, ...] = ()  # label index -> name (digits "0".."9", Fashion-MNIST's, a folder's)
+    # label index -> name (digits "0".."9", Fashion-MNIST's, a folder's); not part of what makes two infos equal
+    class_names: tuple[str, ...] = field(default=(), compare=False)
 
 
 CLASS_NAMES = {
@@ -184,6 +185,9 @@ def _image_folder(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Da
     if train is None:
         info = DatasetInfo(cfg.name, size, 3, len(test.classes), mean, std, len(test.skipped), (), tuple(test.classes))
         return None, test, info
+    if len(train.classes) < 2:  # one class trains to "accuracy 1.0" and learns nothing
+        raise UserError(f"imagefolder: {shown(dirs['train'])} has {len(train.classes)} class folder(s); a classifier "
+                        "needs at least 2 (train/<class>/*.png, one folder a class)")
     if train.classes != test.classes:
         raise UserError(
             f"imagefolder: {shown(dirs['train'])} has {len(train.classes)} classes but {shown(dirs['val'])} has"
