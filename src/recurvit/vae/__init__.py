@@ -2,7 +2,7 @@
 
     from recurvit.vae import load_vae_config, train_vae, load_vae_run, evaluate_vae
     cfg = load_vae_config(None, ["train.epochs=2"])           # the embedded default is configs/vae/photos.yaml
-    metrics = train_vae(cfg, "runs/vae-demo")                 # config.yaml, metrics.jsonl, last.pt, best.pt
+    metrics = train_vae(cfg, "runs/vae-demo")                 # config.yaml, metrics.jsonl, last.pt
     model, cfg, _ = load_vae_run("runs/vae-demo")
 
 The model itself lives in :mod:`recurvit.models.loopvae` (presets loopvae_conv, loopvae_transformer,

@@ -1,8 +1,9 @@
 """Training loop of `recurvit vae train`: same run directory, checkpoint and resume rules as
-classification (config.yaml, metrics.jsonl with one line per epoch, atomic last.pt / best.pt,
+classification (config.yaml, metrics.jsonl with one line per epoch, atomic last.pt,
 ``--resume`` continues from last.pt with optimizer, scheduler, discriminator and RNG state).
 
-best.pt keeps the epoch with the highest test PSNR.
+There is no best.pt: a LoopVAE run has no validation split, and an epoch chosen on the test PSNR would
+report a test-selected number; evaluation reads the last epoch.
 """
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def _train_vae(cfg: VAERunConfig, run: RunDir, resume: bool, log: Callable, stop
         dopt = torch.optim.Adam(disc.parameters(), lr=tc.adv.lr, betas=tuple(tc.adv.betas))
 
     baseline = mean_image_baseline(mean_image(train_set), test_loader)
-    start_epoch, best, elapsed, step = 0, float("-inf"), 0.0, 0
+    start_epoch, elapsed, step = 0, 0.0, 0
     if state is not None:
         ckpt_io.load_state(model, state["model"], out / "last.pt")
         opt.load_state_dict(state["optimizer"])
@@ -113,7 +114,7 @@ def _train_vae(cfg: VAERunConfig, run: RunDir, resume: bool, log: Callable, stop
         if disc is not None and "disc" in state:
             disc.load_state_dict(state["disc"])
             dopt.load_state_dict(state["disc_optimizer"])
-        start_epoch, best = state["epoch"], state["best_psnr"]
+        start_epoch = state["epoch"]
         elapsed, step = state.get("train_seconds", 0.0), state.get("step", 0)
         ckpt_io.set_rng_state(state.get("rng"))
         run.truncate_metrics(start_epoch)
@@ -144,10 +145,7 @@ def _train_vae(cfg: VAERunConfig, run: RunDir, resume: bool, log: Callable, stop
             tb.add_epoch(metrics)  # TensorBoard (train.tensorboard=true): a copy of the metrics line
         record = {"format": ckpt_io.FORMAT, "task": TASK, "config": cfg_dict, "model": model.state_dict(),
                   "epoch": epoch + 1}
-        if "test_psnr" in metrics and metrics["test_psnr"] > best:
-            best = metrics["test_psnr"]
-            run.save("best.pt", {**record, "test_psnr": best})
-        last = {**record, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "best_psnr": best,
+        last = {**record, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
                 "train_seconds": elapsed, "step": step, "rng": ckpt_io.rng_state(), "metrics": metrics}
         if disc is not None:
             last.update(disc=disc.state_dict(), disc_optimizer=dopt.state_dict())
