@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from recurvit.config import load_config
 from recurvit.train import distributed as dist_io
-from recurvit.train.loop import train
+from recurvit.tasks.classify import train
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with the gloo backend is not available")

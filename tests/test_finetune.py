@@ -12,7 +12,7 @@ from recurvit.errors import UserError
 from recurvit.layers.lora import LoRALinear, add_lora, lora_layers, lora_parameters, merge_lora
 from recurvit.models.adapters import unroll_step_lora
 from recurvit.train.checkpoint import load_model_and_config as load_run
-from recurvit.train.finetune import prepare
+from recurvit.tasks.finetune import prepare
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -33,7 +33,7 @@ model: {name: bvit_tiny, patch_size: 4, embed_dim: 24, num_heads: 2, steps: 2, g
 data: {name: digits}
 train: {epochs: 4, batch_size: 128, progress: false}
 """
-TIMING = ("seconds", "img_per_s", "train_seconds")
+TIMING = ("seconds", "img_per_s", "train_seconds", "train_cpu_seconds")
 
 
 @pytest.fixture
@@ -175,7 +175,7 @@ def test_a_run_with_several_gpus_trains_in_torchrun_processes(study_file, tmp_pa
 
     from recurvit.config import load_config
     from recurvit.study.runner import run_one
-    from recurvit.train.loop import train
+    from recurvit.tasks.classify import train
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")

@@ -9,7 +9,7 @@ pytest.importorskip("tensorboard")
 from recurvit.cli import main  # noqa: E402
 from recurvit.config import load_config  # noqa: E402
 from recurvit.errors import UserError  # noqa: E402
-from recurvit.train.loop import train  # noqa: E402
+from recurvit.tasks.classify import train  # noqa: E402
 from recurvit.train.tensorboard import read_scalars, scalars, tag  # noqa: E402
 
 FAST = ["model.embed_dim=24", "model.num_heads=2", "model.steps=2", "train.batch_size=256", "train.progress=false",

@@ -26,7 +26,7 @@ def run(args) -> int:
     from ..errors import UserError
     from ..train.budget import check_eval_cost
     from ..train.checkpoint import check_finite, load_model_and_config
-    from ..train.loop import evaluate
+    from ..tasks.classify import evaluate
     from ..train.runtime import build_test_loader, pick_device
 
     if args.steps is not None and args.steps < 1:

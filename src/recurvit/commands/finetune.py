@@ -1,4 +1,5 @@
-"""recurvit finetune RUN_DIR --data NAME [--method full|head|lora|step_lora|scratch] [--rank R] [key=value ...]"""
+"""recurvit finetune RUN_DIR --data NAME [--method full|head|lora|step_lora|scratch] [--rank R] [key=value ...]
+   recurvit finetune --resume FT_RUN_DIR [key=value ...]"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,7 +7,7 @@ from pathlib import Path
 from . import print_json
 
 
-METHODS = ("full", "head", "lora", "step_lora", "scratch")  # = recurvit.train.finetune.METHODS (kept import-free)
+METHODS = ("full", "head", "lora", "step_lora", "scratch")  # = recurvit.tasks.finetune.METHODS (kept import-free)
 
 
 def add_parser(sub):
@@ -16,9 +17,12 @@ def add_parser(sub):
                     "model's input size) and trains: full (all weights), head (the new classifier), lora (low-rank "
                     "adapters on the shared block's qkv/proj/fc1/fc2, merged into best.pt), step_lora (a separate "
                     "adapter per step of the shared block), or scratch (same model re-initialised: the baseline). "
-                    "Writes a run directory (config.yaml, metrics.jsonl, best.pt, last.pt, finetune.json).")
-    p.add_argument("run", type=Path, help="pretrained run directory or checkpoint")
-    p.add_argument("--data", required=True, help="target data set (digits, fashion_mnist, cifar10, cifar100, ...)")
+                    "Writes a run directory (config.yaml, metrics.jsonl, best.pt, last.pt, finetune.json); a killed "
+                    "fine-tune goes on with --resume FT_RUN_DIR.")
+    p.add_argument("run", type=Path, nargs="?", help="pretrained run directory or checkpoint")
+    p.add_argument("--data", help="target data set (digits, fashion_mnist, cifar10, cifar100, ...)")
+    p.add_argument("--resume", type=Path, metavar="FT_RUN_DIR",
+                   help="continue a fine-tune from its last.pt (its recipe and config are read from it)")
     p.add_argument("--method", default="lora", choices=METHODS,
                    help="what trains: full, head (linear probe), lora, step_lora (an adapter per step), scratch")
     p.add_argument("--rank", type=int, default=4, help="LoRA rank (lora, step_lora)")
@@ -49,10 +53,19 @@ def _intermixed(base):
 
 
 def run(args) -> int:
-    from ..train.finetune import finetune
+    from ..errors import UserError
+    from ..tasks.finetune import finetune, finetune_resume
 
     log = (lambda *a, **k: None) if args.json else print
-    res = finetune(args.run, args.data, args.method, args.rank, args.alpha, args.overrides, args.out, log=log)
+    if args.resume is not None:
+        if args.run is not None or args.data is not None or args.out is not None:
+            raise UserError("--resume FT_RUN_DIR continues a fine-tune with its own source, data and directory; "
+                            "drop RUN_DIR, --data and --out")
+        res = finetune_resume(args.resume, args.overrides, log=log)
+    elif args.run is None or args.data is None:
+        raise UserError("recurvit finetune needs RUN_DIR and --data NAME (or --resume FT_RUN_DIR)")
+    else:
+        res = finetune(args.run, args.data, args.method, args.rank, args.alpha, args.overrides, args.out, log=log)
     if args.json:
         print_json(res)
     else:

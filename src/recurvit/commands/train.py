@@ -33,7 +33,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..train import distributed as dist_io
-    from ..train.loop import train
+    from ..tasks.classify import train
     from ..train.runtime import default_run_dir
 
     cfg = load_run_config(args, load_config, _default_config())

@@ -109,7 +109,7 @@ def run(args) -> int:
 def _train(args) -> int:
     from ..train.runtime import default_run_dir
     from ..vae.config import default_config_path, load_vae_config
-    from ..vae.train import train_vae
+    from ..tasks.vae import train_vae
 
     cfg = load_run_config(args, load_vae_config, default_config_path())
     out = args.resume if args.resume is not None else (args.out or default_run_dir(cfg))
@@ -221,7 +221,7 @@ def _profile(args) -> int:
     from ..vae.config import apply_overrides, config_from_dict, default_config_path, load_vae_config
     from ..vae.data import build_vae_datasets
     from ..vae.profile import profile_models, write_csv
-    from ..vae.train import resolve_vae_config
+    from ..tasks.vae import resolve_vae_config
 
     target, overrides = config_and_overrides(args.args)
     if target is not None and Path(target).is_dir():

@@ -18,7 +18,7 @@ core calls its block once per step; a fixed-step ODE core ``stages`` times per g
 Merging: ``merge_lora(model)`` folds W + (alpha / r) B A into plain nn.Linear layers (same
 state_dict keys as the original model) -- exact for n = 1. With n > 1 one shared weight cannot
 hold T different updates; ``unroll_step_lora`` instead builds T merged copies of the block (a
-stack ViT with T blocks: same logits, T x the block parameters; ``recurvit.train.finetune``).
+stack ViT with T blocks: same logits, T x the block parameters; ``recurvit.tasks.finetune``).
 """
 from __future__ import annotations
 

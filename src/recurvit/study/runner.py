@@ -48,7 +48,7 @@ def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str
     from ..analysis.horizon import horizon_sweep, summarize
     from ..config import load_config
     from ..train.checkpoint import load_model_and_config
-    from ..train.loop import evaluate, train
+    from ..tasks.classify import evaluate, train
     from ..train.rundir import RunDir
     from ..train.runtime import build_test_loader, pick_device
     from .plateau import plateau_change
@@ -139,7 +139,7 @@ def run_vae(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any
     from ..vae.config import load_vae_config
     from ..vae.data import build_vae_datasets
     from ..vae.evaluate import evaluate_vae, load_vae_run, make_test_loader
-    from ..vae.train import train_vae
+    from ..tasks.vae import train_vae
 
     if nproc > 1:
         raise UserError("LoopVAE runs train in one process: use one GPU per run (--gpus-per-run 1)")

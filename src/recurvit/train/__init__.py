@@ -1,6 +1,6 @@
-"""Training: loop (train_one_epoch / evaluate), losses (deep supervision, depth schedules),
-optimizer + schedule, checkpoints (atomic save, safe load, resume)."""
+"""Training machinery every task shares: the one loop (fit.py), losses (deep supervision, depth
+schedules), optimizer + schedule, run directories and checkpoints (atomic save, safe load,
+resume), data parallelism. The tasks the loop trains are :mod:`recurvit.tasks`."""
 from .checkpoint import load_checkpoint, load_model, save_atomic
-from .loop import evaluate, train, train_one_epoch
 
-__all__ = ["train", "train_one_epoch", "evaluate", "load_model", "load_checkpoint", "save_atomic"]
+__all__ = ["load_model", "load_checkpoint", "save_atomic"]

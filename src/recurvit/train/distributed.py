@@ -193,6 +193,15 @@ def rank_device(env: DistEnv, device: torch.device) -> torch.device:
     return torch.device("cuda", env.local_rank)
 
 
+def wrap_ddp(module: torch.nn.Module, device: torch.device, find_unused: bool = False) -> torch.nn.Module:
+    """``module`` in DistributedDataParallel (its forward is what training calls: it prepares the
+    gradient all-reduce); ``find_unused`` when some parameters may get no gradient in a step."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
+               find_unused_parameters=find_unused)
+
+
 def per_rank_batch(global_batch: int, world_size: int) -> int:
     """``train.batch_size`` is global; each of ``world_size`` ranks takes an equal share."""
     if global_batch < 1:

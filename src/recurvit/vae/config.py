@@ -74,6 +74,7 @@ class VAETrainConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.99])
     grad_clip: float = 1.0  # max global grad norm; 0 disables
     recon: str = "l1"  # l1 | l2 reconstruction loss (mean over pixels, images in [-1, 1])
+    sample: bool = True  # the latent in training: a posterior sample (false: its mean, a deterministic step)
     kl_weight: float = 1.0e-4  # KL (nats summed over latent elements) is divided by the pixel values per image
     perceptual_weight: float = 0.0  # > 0: LPIPS term; needs lpips_weights and vgg_weights as local files
     lpips_weights: Optional[str] = None  # LPIPS linear layers (the lpips package's weights/v0.1/vgg.pth)

@@ -56,11 +56,12 @@ def make_test_loader(dataset: Dataset, batch_size: int = 256, num_workers: int =
 @torch.no_grad()
 def evaluate_vae(model: nn.Module, loader: Iterable, device: torch.device, amp: str = "auto",
                  lpips: Optional[nn.Module] = None, inception: Optional[nn.Module] = None,
-                 **run: Any) -> Dict[str, float]:
+                 env=None, **run: Any) -> Dict[str, float]:
     """Mean per-image PSNR (dB) and SSIM of the reconstructions (posterior mean), the L1 error in
     [-1, 1] units, KL (nats per image), the fraction of output values outside [-1, 1] (before
     clamping; PSNR / SSIM use the clamped image), and LPIPS / rFID when their networks are given.
-    ``run`` goes to ``model.reconstruct`` (loops, enc_loops, dec_loops, update_scale)."""
+    ``run`` goes to ``model.reconstruct`` (loops, enc_loops, dec_loops, update_scale). In a process
+    group (``env``, a DistEnv) each rank reads its shard and the sums are all-reduced (rFID excepted)."""
     model.eval()
     tot = {"psnr": 0.0, "ssim": 0.0, "l1": 0.0, "kl": 0.0, "out_of_range": 0.0, "lpips": 0.0}
     feats_real, feats_fake = [], []
@@ -82,6 +83,9 @@ def evaluate_vae(model: nn.Module, loader: Iterable, device: torch.device, amp: 
             feats_real.append(inception(a).double().cpu())
             feats_fake.append(inception(b).double().cpu())
         n += len(x)
+    if env is not None and env.enabled:
+        *values, n = env.all_reduce_sum([*tot.values(), n], device)
+        tot, n = dict(zip(tot, values)), int(round(n))
     if n == 0:
         raise UserError("the test set is empty")
     out = {k: v / n for k, v in tot.items() if k != "lpips" or lpips is not None}

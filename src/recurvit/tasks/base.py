@@ -1,0 +1,110 @@
+"""What a training mode must say for the one loop (:func:`recurvit.train.fit.fit`) to train it.
+
+A task is one file in ``tasks/`` plus one entry in ``recurvit.tasks.TASKS``. It defines:
+
+- ``name``: the checkpoint's ``task`` key (a resume of another task's run is refused).
+- ``cfg``: its typed run config (``cfg.train`` has at least seed, epochs, eval_every, device,
+  tensorboard); ``config_dict()`` / ``config_yaml()`` give the plain and written forms.
+- ``check()``: config values that make no sense, one line each (before any directory exists);
+  ``run_files()``: what the run directory holds from the start besides config.yaml.
+- ``setup(env, device, log, force)``: data, model, optimizer and schedule (``self.model``,
+  ``self.opt``, ``self.sched``, ``self.steps_per_epoch``), after the loop seeded the RNG.
+- ``restore(state, env)``: the task's own state from ``last.pt`` (model / optimizer / schedule are
+  restored by the loop); ``extra_state(env)``: what the task adds to ``last.pt``.
+- ``prepare_training(env, device, log, force)``: what wraps the model once its weights are final
+  (compilation, activation checkpointing, DDP, memory checks); ``header(env, device)``: one line.
+- ``start_epoch(epoch)``, ``train_epoch(epoch, env)`` (the metrics of one pass), ``evaluate(env)``
+  (the figures of an evaluation epoch), ``epoch_line(metrics)``.
+- ``score(metrics, last)``: the figure best.pt is judged by (higher is better; None: no best.pt
+  this epoch; a task without a validation split returns None and writes no best.pt, so nothing
+  is ever chosen on the test split), ``best_files(record, metrics)``: the files a new best writes.
+- ``record()``: what every checkpoint of the task carries beyond model and config;
+  ``result(metrics, run)``: what ``fit`` returns once the last epoch is done.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+
+class Task:
+    """Base of the tasks: the defaults a simple task keeps (see the module docstring)."""
+
+    name = "task"
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.model = self.opt = self.sched = None
+        self.steps_per_epoch = 0
+
+    # ---------------------------------------------------------------- config
+    def config_dict(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def config_yaml(self) -> str:
+        raise NotImplementedError
+
+    def config_changes(self, state: Dict[str, Any]) -> list:
+        """The keys whose values differ between the checkpoint's config and this task's."""
+        from ..train.resume import config_changes
+
+        return config_changes(self.checkpoint_config(state), self.config_dict())
+
+    def checkpoint_config(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        return state["config"]
+
+    def check(self) -> None:
+        return None
+
+    def run_files(self) -> Dict[str, str]:
+        """Files (name -> text) written into the run directory with config.yaml, before epoch 1."""
+        return {}
+
+    def out_of_memory(self, e: BaseException) -> Exception:
+        from ..errors import UserError
+
+        return UserError(f"out of memory ({str(e).splitlines()[0][:100]}) with train.batch_size="
+                         f"{self.cfg.train.batch_size}; make it or the model smaller")
+
+    # ---------------------------------------------------------------- building
+    def setup(self, env, device: torch.device, log, force: bool = False) -> None:
+        raise NotImplementedError
+
+    def restore(self, state: Dict[str, Any], env) -> None:
+        return None
+
+    def extra_state(self, env) -> Dict[str, Any]:
+        return {}
+
+    def prepare_training(self, env, device: torch.device, log, force: bool = False) -> None:
+        return None
+
+    def header(self, env, device: torch.device) -> str:
+        return f"{self.name} on device {device}"
+
+    # ---------------------------------------------------------------- each epoch
+    def start_epoch(self, epoch: int) -> None:
+        return None
+
+    def train_epoch(self, epoch: int, env) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def evaluate(self, env) -> Dict[str, Any]:
+        return {}
+
+    def epoch_line(self, metrics: Dict[str, Any]) -> Optional[str]:
+        return None
+
+    def score(self, metrics: Dict[str, Any], last: bool) -> Optional[float]:
+        return None
+
+    def best_files(self, record: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+        return {"best.pt": record}
+
+    def record(self) -> Dict[str, Any]:
+        return {}
+
+    def result(self, metrics: Dict[str, Any], run_dir: Path) -> Dict[str, Any]:
+        return metrics

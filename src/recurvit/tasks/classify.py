@@ -1,0 +1,307 @@
+"""Classification: the task ``recurvit train`` trains (and fine-tuning builds on, tasks/finetune.py).
+
+The task never knows which core it drives: it asks the model for logits at readout steps
+(``forward_steps(..., at=...)``) and weighs them with ``losses.supervised_loss``.
+
+Speed and scale: under torchrun the run is data-parallel (DDP; see ``train/distributed.py`` for
+the conventions: global batch, sample order, rank-0 I/O); ``train.compile=true`` compiles each
+block (regional ``torch.compile``: no recompilation when the step count changes);
+``train.activation_checkpointing=true`` recomputes every block application in backward; bf16
+autocast is on by default on CUDA and AdamW is fused there.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, Optional
+
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+from ..config import RunConfig, as_dict, to_yaml
+from ..errors import UserError
+from ..export.preprocessing import data_record
+from ..train import checkpoint as ckpt_io
+from ..train import distributed as dist_io
+from ..train.budget import check_param_memory, check_train_memory
+from ..train.checks import Diverged, check_train_config, out_of_memory
+from ..train.fit import fit
+from ..train.losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
+from ..train.optim import build_optimizer, build_scheduler, optimizer_step
+from ..train.runtime import autocast, build_loaders, build_val_loader, resolve_model_config, set_epoch, show_progress
+from .base import Task
+
+
+# ------------------------------------------------------------------------------ evaluation
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Iterable, device: torch.device, steps: Optional[int] = None,
+             amp: str = "auto", env: Optional[dist_io.DistEnv] = None, progress: bool = False) -> Dict[str, float]:
+    """Test loss and accuracy at ``steps`` (default: the trained depth).
+
+    In a process group (``env``, default: the current one) each rank evaluates its loader's shard
+    and the sums are all-reduced, so every rank returns the figures of the whole test set.
+    ``progress``: a bar over batches x steps (shown only on a terminal)."""
+    model.eval()
+    n, loss_sum, correct = 0, 0.0, 0
+    k = model.core.check_steps(steps)
+    bar = tqdm(total=len(loader) * k, desc=f"evaluating at {k} steps", unit="step", leave=False,
+               disable=not show_progress(progress))
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(device, amp):
+            z = None
+            for z in model.iter_states(x, k):  # model(x, steps=k), one step at a time for the bar
+                bar.update()
+            logits = model.forward_head(model.norm(z), step=k)
+        loss_sum += soft_cross_entropy(logits, y).item() * len(y)
+        correct += (logits.argmax(-1) == y).sum().item()
+        n += len(y)
+    bar.close()
+    env = dist_io.current() if env is None else env
+    if env.enabled:
+        loss_sum, correct, n = env.all_reduce_sum([loss_sum, correct, n], device)
+        correct, n = int(round(correct)), int(round(n))
+    return {"loss": loss_sum / max(n, 1), "accuracy": correct / max(n, 1), "n": n}
+
+
+# -------------------------------------------------------------------------------- one epoch
+class StepsForward(nn.Module):
+    """``forward(...)`` = ``model.forward_steps(...)``: what DDP wraps, so its forward (which
+    prepares the gradient all-reduce) is the one training calls."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, steps=None, at=None, grad_last=None):
+        return self.model.forward_steps(x, steps=steps, at=at, grad_last=grad_last)
+
+
+def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: DepthSampler,
+                    batch_transform=None, epoch: int = 0, forward: Optional[Callable] = None,
+                    env: dist_io.DistEnv = dist_io.SINGLE) -> Dict[str, float]:
+    """One pass over ``loader``. ``forward`` (default ``model.forward_steps``) is the DDP-wrapped
+    forward under several processes; the returned figures are then sums over all ranks."""
+    model.train()
+    forward = model.forward_steps if forward is None else forward
+    tc = cfg.train
+    weights = stage_weights(tc.supervision.weights, tc.supervision.stages if tc.supervision.stages > 1 else 1)
+    n, loss_sum, correct, t0 = 0, 0.0, 0, time.perf_counter()
+    stage_sums, stage_n = [], []  # deep supervision: each readout's loss (summed x batch) and images
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False,
+               disable=not (show_progress(tc.progress) and env.is_main), dynamic_ncols=True)
+    for x, y in bar:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        target = y
+        if batch_transform is not None:
+            x, target = batch_transform(x, y)
+        k = depth()
+        at = readout_steps(k, tc.supervision.stages)
+        w = weights if len(at) == len(weights) else stage_weights(tc.supervision.weights, len(at))
+        with autocast(device, tc.amp):
+            logits_at = forward(x, steps=k, at=at, grad_last=tc.depth.truncate or None)
+        loss = supervised_loss(logits_at, target, w, tc.label_smoothing)
+        b = len(y)
+        stages = _stage_losses(logits_at, target, tc.label_smoothing) if len(at) > 1 else []
+        hard = target.argmax(-1) if target.ndim == 2 else target
+        if env.enabled:  # global figures of this step; every rank sees the same (divergence stops all)
+            step_loss, step_correct, step_n, *stages = env.all_reduce_sum(
+                [loss.detach() * b, (logits_at[-1].argmax(-1) == hard).sum(), b, *(s * b for s in stages)], device)
+            step_loss /= max(step_n, 1)
+            stages = [s / max(step_n, 1) for s in stages]
+        else:
+            step_loss, step_correct, step_n = None, None, b
+        if not torch.isfinite(loss if step_loss is None else torch.tensor(step_loss)):
+            value = loss.item() if step_loss is None else step_loss
+            raise Diverged(value, epoch + 1, tc)
+        optimizer_step(model, opt, sched, loss, tc.grad_clip)
+        if step_loss is None:
+            n += b
+            loss_sum += loss.item() * b
+            correct += (logits_at[-1].argmax(-1) == hard).sum().item()
+        else:
+            n += int(round(step_n))
+            loss_sum += step_loss * step_n
+            correct += int(round(step_correct))
+        for i, s in enumerate(stages):
+            if i == len(stage_sums):
+                stage_sums.append(0.0)
+                stage_n.append(0)
+            stage_sums[i] += float(s) * step_n
+            stage_n[i] += step_n
+        bar.set_postfix(loss=f"{loss_sum / n:.3f}", acc=f"{correct / n:.3f}",
+                        img_s=f"{n / (time.perf_counter() - t0):.0f}")
+    secs = time.perf_counter() - t0
+    out = {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1), "img_per_s": n / secs, "seconds": secs}
+    if stage_sums:  # the unweighted loss of each readout, earliest first (a new key: runs without stages lack it)
+        out["train_stage_losses"] = [s / max(k, 1) for s, k in zip(stage_sums, stage_n)]
+    return out
+
+
+@torch.no_grad()
+def _stage_losses(logits_at: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> list:
+    """Each readout's loss (the terms ``supervised_loss`` weighs), as floats."""
+    return torch.stack([soft_cross_entropy(lg, target, label_smoothing) for lg in logits_at]).tolist()
+
+
+# ------------------------------------------------------------------------------------ the task
+class ClassifyTask(Task):
+    """Images -> class logits, trained with (deep-supervised) cross-entropy; best.pt is chosen on
+    the validation split (``data.holdout``) and a run without one writes no best.pt."""
+
+    name = "classify"
+
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        self.forward = None  # the DDP-wrapped forward under several processes
+
+    def config_dict(self):
+        return as_dict(self.cfg)
+
+    def config_yaml(self):
+        return to_yaml(self.cfg)
+
+    def checkpoint_config(self, state):
+        return as_dict(ckpt_io.config_from_checkpoint(state))
+
+    def check(self):
+        check_train_config(self.cfg)
+
+    def out_of_memory(self, e):
+        return out_of_memory(self.cfg, e)
+
+    # ---------------------------------------------------------------- building
+    def setup(self, env, device, log, force=False):
+        self.device, self.env = device, env
+        self.train_loader, self.test_loader, self.info = build_loaders(self.cfg, env=env, log=log)
+        self.val_loader = build_val_loader(self.cfg, self.train_loader, self.test_loader, env)
+        self.cfg = resolve_model_config(self.cfg, self.info)
+        self.build_model(env, device, force)
+        self.steps_per_epoch = len(self.train_loader)
+        self.opt = build_optimizer(self.model, self.cfg.train, device)
+        self.sched = build_scheduler(self.opt, self.cfg.train, self.steps_per_epoch)
+        self.build_depth(env)
+
+    def build_model(self, env, device, force):
+        cfg, m = self.cfg, self.cfg.model
+        env.on_main(lambda: check_param_memory(  # rank 0 decides for every rank (no rank waits on a stopped one)
+            lambda: ckpt_io.build_model_from_config(cfg), device, force=force,
+            what=f"model {m.name} (embed_dim={m.embed_dim}, depth={m.depth}, steps={m.steps})"))
+        self.model = ckpt_io.build_model_from_config(cfg).to(device)
+
+    def build_depth(self, env):
+        from ..data import build_batch_transform
+
+        tc = self.cfg.train
+        # one depth per global batch: under several processes the draws come from a generator that
+        # every rank seeds alike (a single process keeps drawing from the global RNG, as it always has)
+        self.depth_gen = torch.Generator().manual_seed(tc.seed) if env.enabled else None
+        try:
+            self.depth = DepthSampler(tc.depth, self.model.nominal_steps, self.depth_gen, cap=self.model.core.limit)
+            stage_weights(tc.supervision.weights, 1)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        self.batch_transform = build_batch_transform(self.cfg.data, self.info.num_classes)
+
+    def restore(self, state, env):
+        if self.depth_gen is not None and state.get("depth_rng") is not None:
+            self.depth_gen.set_state(state["depth_rng"])
+
+    def extra_state(self, env):
+        return {"depth_rng": self.depth_gen.get_state()} if env.enabled else {}
+
+    def prepare_training(self, env, device, log, force=False):
+        self.forward = self._speed_and_scale(device, env)
+        model, depth, tc = self.model, self.depth, self.cfg.train
+        with torch.random.fork_rng(devices=[]):  # measuring must not move the run's random streams
+            batch = dist_io.per_rank_batch(tc.batch_size, env.world_size) if env.enabled else tc.batch_size
+            env.on_main(lambda: check_train_memory(model, (model.cfg.in_chans, model.cfg.img_size, model.cfg.img_size),
+                                                   depth.deepest, batch, device,
+                                                   f"{depth.deepest:,} steps x batch {batch:,}", force=force))
+
+    def _speed_and_scale(self, device, env) -> Optional[Callable]:
+        """Activation checkpointing, regional compilation and the DDP wrapper, as the config asks;
+        returns the training forward (the DDP module under several processes, else None)."""
+        from ..models.speed import compile_available, compile_blocks, set_activation_checkpointing
+
+        model, tc = self.model, self.cfg.train
+        if tc.activation_checkpointing:
+            try:
+                model.cfg.core_cls.check_training(model.cfg, activation_checkpointing=True)
+            except ValueError as e:
+                raise UserError(str(e)) from None
+            set_activation_checkpointing(model, True)
+        if tc.compile:
+            reason = compile_available(device)
+            if reason:
+                raise UserError(f"train.compile=true: {reason}; or set train.compile=false")
+            compile_blocks(model)
+        if not env.enabled:
+            return None
+        # parameters that may get no gradient in a step: stage heads not read out, blocks before a
+        # truncation, a depth that varies per batch
+        find_unused = (getattr(model, "stage_heads", None) is not None or tc.depth.truncate > 0
+                       or tc.depth.schedule != "fixed")
+        return dist_io.wrap_ddp(StepsForward(model), device, find_unused)
+
+    def header(self, env, device):
+        cfg, model = self.cfg, self.model
+        n_params = sum(p.numel() for p in model.parameters())
+        val_note = (f" / {len(self.val_loader.dataset)} validation, best.pt chosen on it" if self.val_loader is not None
+                    else "; no validation split (data.holdout), so no best.pt")
+        where = f"device {device}" if not env.enabled else f"{env.world_size} processes ({device.type}, DDP)"
+        line = (f"model {cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)} core, {n_params:,} params, "
+                f"steps={model.nominal_steps}) on {cfg.data.name} ({len(self.train_loader.dataset)} train / "
+                f"{len(self.test_loader.dataset)} test{val_note}), {where}")
+        if cfg.train.warmup_epochs >= cfg.train.epochs:
+            line += (f"\nnote: train.warmup_epochs={cfg.train.warmup_epochs:g} >= train.epochs={cfg.train.epochs}: the "
+                     f"learning rate never reaches train.lr={cfg.train.lr:g} (lower train.warmup_epochs)")
+        return line
+
+    def record(self):
+        return {"data": data_record(self.cfg, self.info)}  # what using the model needs without its training data
+
+    # ---------------------------------------------------------------- each epoch
+    def start_epoch(self, epoch):
+        set_epoch(self.train_loader, self.cfg.train.seed * 100_003 + epoch)  # the shuffle depends on (seed, epoch) only
+
+    def train_epoch(self, epoch, env):
+        m = train_one_epoch(self.model, self.train_loader, self.opt, self.sched, self.device, self.cfg, self.depth,
+                            self.batch_transform, epoch, forward=self.forward, env=env)
+        return {"lr": self.sched.get_last_lr()[0], **m}
+
+    def evaluate(self, env):
+        out, amp = {}, self.cfg.train.amp
+        if self.val_loader is not None:
+            with torch.random.fork_rng(devices=[]):  # validating must not move the run's random streams
+                ev = evaluate(self.model, self.val_loader, self.device, amp=amp, env=env)
+            out.update(val_loss=ev["loss"], val_acc=ev["accuracy"])
+        ev = evaluate(self.model, self.test_loader, self.device, amp=amp, env=env)
+        out.update(test_loss=ev["loss"], test_acc=ev["accuracy"])
+        return out
+
+    def epoch_line(self, metrics):
+        if "test_acc" not in metrics:
+            return None
+        val = f"val_acc {metrics['val_acc']:.4f}  " if "val_acc" in metrics else ""
+        return (f"epoch {metrics['epoch']:>3}/{self.cfg.train.epochs}  loss {metrics['train_loss']:.4f}  "
+                f"train_acc {metrics['train_acc']:.4f}  {val}test_acc {metrics['test_acc']:.4f}  "
+                f"{metrics['img_per_s']:.0f} img/s  {metrics['seconds']:.1f}s")
+
+    def score(self, metrics, last):
+        return metrics.get("val_acc")  # best.pt is chosen on the validation split; a run without one has no best.pt
+
+    def best_files(self, record, metrics):
+        return {"best.pt": {**record, "val_acc": metrics["val_acc"], "test_acc": metrics["test_acc"]}}
+
+
+def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
+          stop_after: Optional[int] = None, force: bool = False) -> Dict[str, Any]:
+    """Train ``cfg`` into run directory ``out`` (or continue it from last.pt); returns the final metrics.
+
+    With ``resume`` the overrides in ``cfg`` follow the rule of :mod:`recurvit.train.resume`;
+    ``force`` starts even when the memory estimate (:mod:`recurvit.train.budget`) says it will
+    not fit; ``stop_after=k`` ends after epoch k as an interruption would. Under torchrun every rank
+    calls this with the same arguments (see :func:`recurvit.train.fit.fit`)."""
+    return fit(ClassifyTask(cfg), out, resume=resume, log=log, stop_after=stop_after, force=force)
