@@ -104,13 +104,14 @@ def main(argv=None) -> int:
         for label, method, rank, lr in METHODS:
             run = RUNS / f"{src}-to-{tgt}-{label.replace(' ', '').replace('=', '')}"
             lr = lr if lr is not None else SCRATCH_LR[tgt]
-            needed = not (run / "finetune.json").is_file()
-            if needed and run.exists():
-                raise SystemExit(f"{run} exists but has no finetune.json; remove it and rerun")
+            recipe = run / "finetune.json"  # the recipe from the start; test_acc once the fine-tune is done
+            needed = not (recipe.is_file() and "test_acc" in json.loads(recipe.read_text()))
             cmd = ["finetune", pre[src], "--data", tgt, "--method", method, *BUDGET[tgt], f"train.lr={lr}",
                    "train.progress=false", "--out", run]
             if rank is not None:
                 cmd += ["--rank", rank]
+            if needed and run.exists():  # a killed fine-tune goes on from its last.pt
+                cmd = ["finetune", "--resume", run]
             sh(cmd, log, needed)
             r = json.loads((run / "finetune.json").read_text())
             rows.append({"source": src, "target": tgt, "method": label, "trainable_params": r["trainable_params"],

@@ -153,3 +153,50 @@ def test_cli_nproc_rejects_an_indivisible_batch_before_launching(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "divisible by the number of processes (2)" in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------------- LoopVAE
+VAE_RUN = ["data.img_size=16", "data.train_crops=64", "data.max_test=32", "model.embed_dim=8", "model.groups=4",
+           "model.depth=1", "model.z_channels=2", "train.batch_size=16", "train.progress=false", "train.epochs=2",
+           "train.sample=false", "train.device=cpu"]  # posterior means: no per-rank noise, so the runs can agree
+
+
+def _vae_worker(rank, world, port, overrides, out):
+    from recurvit.vae import load_vae_config, train_vae
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        train_vae(load_vae_config(None, overrides), out, log=lambda *a: None)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_loopvae_trains_in_two_gloo_processes_to_the_one_process_metrics(tmp_path):
+    from recurvit.vae import load_vae_config, train_vae
+
+    torch.set_num_threads(1)
+    train_vae(load_vae_config(None, VAE_RUN), tmp_path / "single", log=lambda *a: None)
+    mp.spawn(_vae_worker, args=(2, _free_port(), VAE_RUN, str(tmp_path / "ddp")), nprocs=2, join=True)
+    one, two = _rows(tmp_path / "single"), _rows(tmp_path / "ddp")
+    assert [r["epoch"] for r in two] == [1, 2] and [r["step"] for r in two] == [4, 8]  # 64 crops / 16 a step
+    for a, b in zip(one, two):
+        for key in ("train_loss", "train_recon", "train_kl", "test_psnr", "test_ssim", "test_l1", "test_kl"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["epoch"], key)
+        assert b["baseline_psnr"] == a["baseline_psnr"]
+    assert two[-1]["test_psnr"] > two[0]["test_psnr"] - 5  # trained, not diverged
+    w1 = torch.load(tmp_path / "single" / "last.pt", weights_only=True)
+    w2 = torch.load(tmp_path / "ddp" / "last.pt", weights_only=True)
+    assert w2["task"] == "vae" and w2["world_size"] == 2
+    for k in w1["model"]:
+        torch.testing.assert_close(w2["model"][k], w1["model"][k], rtol=1e-4, atol=1e-5)
+
+
+def test_the_adversarial_stage_refuses_several_processes(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    r = subprocess.run([sys.executable, "-m", "recurvit", "vae", "train", *VAE_RUN, "train.adv.start_step=0",
+                        "--nproc", "2", "--out", str(tmp_path / "adv")], capture_output=True, text=True, env=env,
+                       timeout=240)
+    assert r.returncode != 0 and "trains in one process" in r.stderr, r.stderr

@@ -186,3 +186,72 @@ def test_finetune_cli_errors(source, tmp_path, capsys, extra, needle):
     code = main(["finetune", str(source), "--data", "synthetic", *TARGET, *extra, "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and needle in err, err
+
+
+# ------------------------------------------------------------------------------------- resume
+def _epochs(run):
+    timing = {"seconds", "img_per_s", "train_seconds", "train_cpu_seconds"}
+    return [{k: v for k, v in json.loads(ln).items() if k not in timing}
+            for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("method", ["lora", "step_lora"])
+def test_a_stopped_finetune_resumes_to_the_uninterrupted_metrics(source, tmp_path, method):
+    from recurvit.tasks.finetune import finetune, finetune_resume
+
+    target = [t for t in TARGET if not t.startswith("train.epochs")] + ["train.epochs=3", "data.holdout=0.25"]
+    quiet = dict(log=lambda *a: None)
+    whole = finetune(source, "synthetic", method, 2, overrides=target, out=tmp_path / "whole", **quiet)
+    finetune(source, "synthetic", method, 2, overrides=target, out=tmp_path / "part", stop_after=1, **quiet)
+    assert len(_epochs(tmp_path / "part")) == 1 and "test_acc" not in json.loads((tmp_path / "part" / "finetune.json").read_text())
+    resumed = finetune_resume(tmp_path / "part", **quiet)
+    assert _epochs(tmp_path / "part") == _epochs(tmp_path / "whole")
+    assert resumed["test_acc"] == whole["test_acc"] and resumed["best_acc"] == whole["best_acc"]
+    a, b = (torch.load(tmp_path / r / "best.pt", weights_only=True)["model"] for r in ("whole", "part"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_killed_finetune_resumes_from_the_command_line(source, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    target = [t for t in TARGET if not t.startswith("train.epochs")] + ["train.epochs=40", "train.eval_every=40"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
+    cmd = [sys.executable, "-m", "recurvit", "finetune", str(source), "--data", "synthetic", "--method", "lora",
+           "--rank", "2", *target]
+    assert subprocess.run([*cmd, "--out", str(tmp_path / "whole")], env=env, capture_output=True).returncode == 0
+    run = tmp_path / "killed"
+    p = subprocess.Popen([*cmd, "--out", str(run)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((run / "metrics.jsonl").is_file() and len(_epochs(run)) >= 3):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)  # at a random moment of epoch 4 or later
+    p.wait()
+    done = len(_epochs(run))
+    assert 3 <= done < 40, done
+    r = subprocess.run([sys.executable, "-m", "recurvit", "finetune", "--resume", str(run)], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert _epochs(run) == _epochs(tmp_path / "whole")
+
+
+def test_finetune_resume_errors_are_one_line(source, tmp_path, capsys):
+    code = main(["finetune", "--resume", str(source)])  # a training run, not a fine-tune
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "finetune.json" in err, err
+    code = main(["finetune", "--resume", str(source), "--data", "digits"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "drop RUN_DIR, --data and --out" in err, err
+    code = main(["finetune", str(source)])
+    assert code == 2 and "--data NAME" in capsys.readouterr().err
+
+
+def test_step_lora_refuses_activation_checkpointing_in_one_line(source, tmp_path, capsys):
+    code = main(["finetune", str(source), "--data", "synthetic", "--method", "step_lora", *TARGET,
+                 "train.activation_checkpointing=true", "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "activation_checkpointing" in err, err
+    assert not (tmp_path / "x").exists()

@@ -68,3 +68,13 @@ def test_a_new_core_is_one_class_and_one_table_entry():
         assert acct["nfe"] == 6 and acct["flops_analytic"] == acct["flops_forward"] and acct["runs_as"] == "twice"
     finally:
         del CORES["twice"]
+
+
+def test_one_epoch_loop_trains_every_task():
+    """train/fit.py holds the only epoch loop; a task defines one epoch, never the loop around it."""
+    loops = [f"{p.relative_to(PKG)}:{i}" for p in PKG.rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.match(r"\s*for epoch in ", line)]
+    assert loops and all(h.startswith("train/fit.py:") for h in loops), loops
+    from recurvit.tasks import TASKS, Task
+
+    assert set(TASKS) == {"classify", "vae"} and all(issubclass(t, Task) and t.name == n for n, t in TASKS.items())

@@ -86,3 +86,23 @@ def apply_data_root(cfg, root) -> None:
         raise UserError(f"--data-root does not apply: this run's data set is {cfg.data.name}, which ships with "
                         "the package (there is no folder to read)")
     cfg.data.root = str(root)
+
+
+def launch_processes(args, cfg, out, command: List[str]) -> int:
+    """``recurvit <command> --nproc N``: check what can be checked here (batch split, devices, the run
+    directory), then run the command in N processes under torchrun; returns its exit status."""
+    from ..train import distributed as dist_io
+    from ..train.rundir import check_available
+    from ..train.runtime import default_run_dir
+
+    dist_io.per_rank_batch(cfg.train.batch_size, args.nproc)
+    dist_io.check_devices(cfg.train.device, args.nproc)
+    if args.resume is not None:
+        check_available(args.resume, resume=True)
+        argv = [*command, "--resume", str(args.resume)]
+    else:
+        out = out or default_run_dir(cfg)  # fixed here, so every rank agrees on it
+        check_available(out, resume=False)
+        argv = [*command, "--out", str(out)]
+    argv += list(args.args) + (["--json"] if args.json else [])
+    return dist_io.launch(args.nproc, argv)

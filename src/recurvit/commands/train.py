@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import load_config
-from . import load_run_config, print_json
+from . import launch_processes, load_run_config, print_json
 
 
 def add_parser(sub):
@@ -47,7 +47,7 @@ def run(args) -> int:
         return 0
     out = args.resume if args.resume is not None else args.out
     if args.nproc is not None and args.nproc > 1:
-        return _launch(args, cfg, out)
+        return launch_processes(args, cfg, out, ["train"])
     with dist_io.session(cfg.train.device) as env:
         if out is None:
             out = Path(env.broadcast(str(default_run_dir(cfg)) if env.is_main else None))
@@ -62,25 +62,6 @@ def run(args) -> int:
         print(f"run {out}  test_acc {metrics.get('test_acc', float('nan')):.4f}  "
               f"train_seconds {metrics.get('train_seconds', 0):.1f}")
     return 0
-
-
-def _launch(args, cfg, out) -> int:
-    """``recurvit train --nproc N``: check what can be checked here, then torchrun this command."""
-    from ..train import distributed as dist_io
-    from ..train.rundir import check_available
-    from ..train.runtime import default_run_dir
-
-    dist_io.per_rank_batch(cfg.train.batch_size, args.nproc)
-    dist_io.check_devices(cfg.train.device, args.nproc)
-    if args.resume is not None:
-        check_available(args.resume, resume=True)
-        argv = ["train", "--resume", str(args.resume)]
-    else:
-        out = out or default_run_dir(cfg)  # fixed here, so every rank agrees on it
-        check_available(out, resume=False)
-        argv = ["train", "--out", str(out)]
-    argv += list(args.args) + (["--json"] if args.json else [])
-    return dist_io.launch(args.nproc, argv)
 
 
 def _default_config():

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from . import add_device_arg, config_and_overrides, load_run_config, print_json
+from . import add_device_arg, config_and_overrides, launch_processes, load_run_config, print_json
 
 
 def _ints(text: str, what: str, minimum: int = 0):
@@ -51,6 +51,9 @@ def add_parser(sub):
     t.add_argument("--out", type=Path, help="run directory (default runs/<data>-<model>-<time>)")
     t.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue a run from its last.pt")
     t.add_argument("--json", action="store_true", help="print the final metrics as JSON")
+    t.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train data-parallel in N processes (launches torchrun --standalone --nproc_per_node N); "
+                        "train.batch_size is the global batch")
 
     e = vs.add_parser("eval", help="PSNR / SSIM (LPIPS / rFID with local weights) and a reconstruction grid")
     e.add_argument("run", type=Path, help="VAE run directory or checkpoint")
@@ -111,10 +114,19 @@ def _train(args) -> int:
     from ..vae.config import default_config_path, load_vae_config
     from ..tasks.vae import train_vae
 
+    from ..train import distributed as dist_io
+
     cfg = load_run_config(args, load_vae_config, default_config_path())
-    out = args.resume if args.resume is not None else (args.out or default_run_dir(cfg))
-    log = (lambda *a, **k: None) if args.json else print
-    metrics = train_vae(cfg, out, resume=args.resume is not None, log=log)
+    out = args.resume if args.resume is not None else args.out
+    if args.nproc is not None and args.nproc > 1:
+        return launch_processes(args, cfg, out, ["vae", "train"])
+    with dist_io.session(cfg.train.device) as env:
+        if out is None:
+            out = Path(env.broadcast(str(default_run_dir(cfg)) if env.is_main else None))
+        log = (lambda *a, **k: None) if args.json or not env.is_main else print
+        metrics = train_vae(cfg, out, resume=args.resume is not None, log=log)
+        if not env.is_main:
+            return 0
     if args.json:
         print_json({"run_dir": str(out), **metrics})
     else:

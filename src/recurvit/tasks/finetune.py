@@ -23,8 +23,9 @@ TensorBoard, best/last): the run directory holds config.yaml (the model config w
 num_classes, the target data and the train settings used), metrics.jsonl, best.pt / last.pt and
 finetune.json (the recipe from the start: method, source, data, rank, alpha; once the last epoch
 is done also trainable / total params, accuracy, wall and CPU seconds). ``train.compile`` and
-``train.activation_checkpointing`` are ignored here (checkpointing would recompute a step_lora
-block in backward with the adapter index of the LAST step: the selector is read at call time).
+``train.activation_checkpointing`` apply as in ``recurvit train``, except that step_lora refuses
+checkpointing (a recomputed block would read the adapter index of the LAST step: the selector
+is read at call time).
 
 Checkpoints and loading:
 - full / head / scratch / lora: ``best.pt`` holds plain weights (lora: merged, W + (alpha/r) B A,
@@ -191,7 +192,10 @@ class FinetuneTask(ClassifyTask):
         self.build_depth(env)
 
     def prepare_training(self, env, device, log, force=False):
-        return None  # no compilation / activation checkpointing (see the module docstring)
+        if self.method == "step_lora" and self.cfg.train.activation_checkpointing:
+            raise UserError("--method step_lora cannot train with train.activation_checkpointing=true: the "
+                            "recomputed block would read the adapter of the last step; set it false")
+        super().prepare_training(env, device, log, force)  # compilation, checkpointing, DDP, the memory check
 
     def run_files(self):
         return {RECIPE: json.dumps({**self.recipe(), **self.counts}, indent=2) + "\n"}
