@@ -335,10 +335,10 @@ def test_malformed_study_files_are_one_line(tmp_path, text, needle):
 
 
 def test_comparisons_pair_cells_on_every_other_axis():
-    from recurvit.study.report import _pairs
+    from recurvit.study.grouping import pairs
 
     cs = [{"w": w, "m": m, "n": 3, "rows": []} for w in ("w32", "w64") for m in ("vit", "bvit")]
-    got = [(ca["w"], cb["w"], where) for ca, cb, where in _pairs(cs, ["w", "m"], "vit", "bvit")]
+    got = [(ca["w"], cb["w"], where) for ca, cb, where in pairs(cs, ["w", "m"], "vit", "bvit")]
     assert got == [("w32", "w32", " (w32)"), ("w64", "w64", " (w64)")]  # one comparison per width
 
 
@@ -349,7 +349,9 @@ def test_labels_win_over_result_keys_and_any_crash_is_a_failed_row(tmp_path, mon
         out.mkdir(parents=True, exist_ok=True)
         return {"model": "bvit_tiny", "acc_T": 0.5}
 
-    monkeypatch.setitem(runner.TASK_RUNNERS, "classify", fake)
+    from recurvit.tasks import classify_study
+
+    monkeypatch.setattr(classify_study, "run", fake)
     kw = dict(task="classify", base="b.yaml", overrides=[], out=str(tmp_path / "a"), eval_spec={}, labels={"model": "bvit"})
     assert runner.run_one(**kw)["model"] == "bvit"  # a grid axis named like a result key keeps its label
 
@@ -357,7 +359,7 @@ def test_labels_win_over_result_keys_and_any_crash_is_a_failed_row(tmp_path, mon
         out.mkdir(parents=True, exist_ok=True)
         raise RuntimeError("CUDA out of memory\ndetails")
 
-    monkeypatch.setitem(runner.TASK_RUNNERS, "classify", crash)
+    monkeypatch.setattr(classify_study, "run", crash)
     row = runner.run_one_safe({**kw, "out": str(tmp_path / "b")})
     assert row["error"] == "RuntimeError: CUDA out of memory" and row["model"] == "bvit"
     assert (tmp_path / "b" / "error.txt").read_text().startswith("RuntimeError")

@@ -144,8 +144,6 @@ def run_study_submitit(study: Study, out: Path, opts: ClusterOptions, progress: 
     from ..train.runtime import show_progress
 
     opts.check()
-    if study.task == "vae" and opts.gpus > 1:
-        raise UserError("LoopVAE runs train in one process: use --gpus-per-run 1 for a vae study")
     out = Path(out).resolve()
     folder = Path(opts.slurm_dir).resolve() if opts.slurm_dir else out / "slurm"
     ex = make_executor(opts, folder, f"recurvit-{study.name}")  # (its checks come before any directory is made)

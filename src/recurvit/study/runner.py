@@ -6,8 +6,9 @@ Runs go to worker processes (``--workers N``, one thread each by default) or, wi
 submitit``, to cluster jobs (:mod:`recurvit.study.launch`); a run that fails with a user error
 (diverged, bad option) is reported in the study, not fatal to it.
 
-``run_one(..., nproc=N)`` trains a classification run data-parallel in N processes (torchrun, one GPU
-each: ``recurvit train --nproc N``'s processes) and evaluates it in this process; a cluster job with
+What a run of a task trains and reports is the task's (``recurvit.tasks.STUDIES[task].run``);
+``run_one(..., nproc=N)`` trains it data-parallel in N processes (torchrun, one GPU each:
+``recurvit train --nproc N``'s processes) and evaluates it in this process; a cluster job with
 ``--gpus-per-run N`` runs that way.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import UserError
 from .archive import archive, archived, read_result
@@ -25,157 +26,10 @@ from .workers import estimate, in_processes
 from .spec import Study
 
 
-
-def _quiet(*args, **kwargs) -> None:
-    return None
-
-
 def _write_result(out: Path, res: Dict[str, Any]) -> None:
     from ..train.rundir import write_atomic
 
     write_atomic(out / "result.json", json.dumps(res, indent=1))
-
-
-def _load_config(load: Callable, out: Path, base: str, overrides: List[str]):
-    """A run's config: its own config.yaml once it exists (resolved values), else the study's."""
-    return load(out / "config.yaml" if (out / "config.yaml").is_file() else base, overrides)
-
-
-# ----------------------------------------------------------------------------- classification
-def run_classify(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
-                 threads: Optional[int] = None) -> Dict[str, Any]:
-    from ..analysis.accounting import account
-    from ..analysis.horizon import horizon_sweep, summarize
-    from ..config import load_config
-    from ..train.checkpoint import load_model_and_config
-    from ..tasks.classify import evaluate, train
-    from ..train.rundir import RunDir
-    from ..train.runtime import build_test_loader, pick_device
-    from .plateau import plateau_change
-
-    cfg = _load_config(load_config, out, base, overrides)
-    cfg.train.progress = False
-    if nproc > 1:
-        metrics = _train_ddp(base, overrides, out, nproc, threads)
-    else:
-        metrics = train(cfg, out, resume=out.is_dir(), log=_quiet)
-    t0 = time.perf_counter()
-    model, cfg = load_model_and_config(out / "last.pt")
-    device = pick_device(cfg.train.device)
-    model.to(device)
-    T = model.nominal_steps
-    K = eval_spec["max_steps_factor"] * T
-    if model.core.limit is not None:
-        K = min(K, model.core.limit)
-    test_loader, info = build_test_loader(cfg)
-    sweep = horizon_sweep(model, test_loader, device, K)
-    variants: Dict[str, Any] = {}
-    for name, opts in eval_spec.get("variants", {}).items():
-        try:
-            other, _ = load_model_and_config(out / "last.pt", **opts)
-        except UserError as e:
-            if "does not apply" not in str(e) and "applies to" not in str(e):
-                raise
-            variants[name] = None  # an option this run's core does not have: not applicable
-            continue
-        ev = evaluate(other.to(device), test_loader, device, amp="off")  # fp32, as the sweep above
-        variants[name] = {"acc_T": ev["accuracy"], "nfe": other.nfe}
-    acct = account(model.cpu(), memory=False)
-    mc = model.cfg
-    logged = RunDir(out, created=False, owner=False).read_metrics()
-    curve = [m.get("test_acc") for m in logged]
-    val_curve = [m.get("val_acc") for m in logged] if any("val_acc" in m for m in logged) else None
-    return {
-        "model": cfg.model.name, "core": mc.core, "runs_as": mc.core_cls.describe(mc),
-        "shares_blocks": mc.core_cls.shares_blocks, "embed_dim": mc.embed_dim, "depth": mc.depth, "steps": T,
-        "seed": cfg.train.seed, "epochs": cfg.train.epochs, "params": acct["params"],
-        "params_stored": acct["params_stored"], "flops_forward": acct["flops_forward"], "nfe": acct["nfe"],
-        "chance": 1.0 / info.num_classes,
-        **{k: v for k, v in summarize(sweep, T).items() if k.startswith("acc_")},
-        "test_acc_final": metrics.get("test_acc"), "train_seconds": metrics.get("train_seconds"),
-        "eval_seconds": time.perf_counter() - t0, "horizon_accuracy": sweep["accuracy"],
-        "test_acc_curve": curve, "val_acc_curve": val_curve, "variants": variants,
-        "plateau_val": plateau_change(val_curve), "plateau_test": plateau_change(curve),
-    }
-
-
-def _train_ddp(base: str, overrides: List[str], out: Path, nproc: int, threads: Optional[int]) -> Dict[str, Any]:
-    """Train (or resume) ``out`` in ``nproc`` processes under torchrun (DDP, one GPU each when the run
-    is on CUDA); returns the last metrics line. The ranks' output goes to this process's (the job's log)."""
-    import subprocess
-
-    from ..train import distributed as dist_io
-    from ..train.rundir import RunDir
-
-    resume = (out / "config.yaml").is_file()  # else: a new run (or one killed before it wrote anything)
-    args = ["train", *([] if resume else [str(base)]), *overrides, "train.progress=false",
-            *(["--resume", str(out)] if resume else ["--out", str(out)])]
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (threads or nproc) // nproc))}
-    proc = subprocess.Popen(dist_io.torchrun_command(nproc, args), env=env)
-    try:
-        rc = proc.wait()
-    except BaseException:  # preempted (submitit's handler exits this process): stop the ranks first
-        proc.terminate()  # torchrun passes it on to its workers; last.pt stays the last whole epoch's
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
-    if rc != 0:
-        raise UserError(f"recurvit train in {nproc} processes (torchrun) ended with exit status {rc}; "
-                        "its own message is above in this run's log")
-    rows = RunDir(out, created=False, owner=False).read_metrics()
-    return rows[-1] if rows else {}
-
-
-# ------------------------------------------------------------------------------------- LoopVAE
-def run_vae(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
-            threads: Optional[int] = None) -> Dict[str, Any]:
-    import torch
-
-    from ..analysis.accounting import count_params, measure_flops
-    from ..train.rundir import RunDir
-    from ..train.runtime import pick_device
-    from ..vae.config import load_vae_config
-    from ..vae.data import build_vae_datasets
-    from ..vae.evaluate import evaluate_vae, load_vae_run, make_test_loader
-    from ..tasks.vae import train_vae
-
-    if nproc > 1:
-        raise UserError("LoopVAE runs train in one process: use one GPU per run (--gpus-per-run 1)")
-    cfg = _load_config(load_vae_config, out, base, overrides)
-    cfg.train.progress = False
-    metrics = train_vae(cfg, out, resume=out.is_dir(), log=_quiet)
-    t0 = time.perf_counter()
-    model, cfg, _ = load_vae_run(out / "last.pt")  # best.pt is chosen on the test split: not for reporting
-    device = pick_device(cfg.train.device)
-    model.to(device)
-    _, test_set, info = build_vae_datasets(cfg.data, cfg.train.seed)
-    loader = make_test_loader(test_set, 64)
-    ev = evaluate_vae(model, loader, device, cfg.train.amp)
-    x = next(iter(loader))[:16].to(device)
-    with torch.no_grad():
-        model.reconstruct(x, sample=False)  # warm-up
-        times = []
-        for _ in range(3):
-            s = time.perf_counter()
-            model.reconstruct(x, sample=False)
-            times.append(time.perf_counter() - s)
-    flops = measure_flops(model.cpu(), tuple(x.shape[1:]), train=False)
-    counts = count_params(model, block_uses=flops["block_uses"])
-    curve = [m.get("test_psnr") for m in RunDir(out, created=False, owner=False).read_metrics()]
-    return {
-        "model": cfg.model.name, "core": model.cfg.core, "operator": model.cfg.operator, "seed": cfg.train.seed,
-        "epochs": cfg.train.epochs, "params_stored": counts["params_stored"],
-        "params_effective": counts["params_effective"], "flops_forward": flops["flops_forward"],
-        "block_applications": model.block_applications()["total"], "psnr": ev["psnr"], "ssim": ev["ssim"],
-        "out_of_range": ev["out_of_range"], "baseline_psnr": metrics.get("baseline_psnr"),
-        "ms_per_img": 1000 * min(times) / len(x), "train_seconds": metrics.get("train_seconds"),
-        "eval_seconds": time.perf_counter() - t0, "test_psnr_curve": curve,
-    }
-
-
-TASK_RUNNERS = {"classify": run_classify, "vae": run_vae}
 
 
 def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dict[str, Any],
@@ -190,7 +44,9 @@ def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dic
     out_p = Path(out)
     (out_p / "error.txt").unlink(missing_ok=True)  # of an earlier, failed attempt
     t0 = time.perf_counter()
-    res = TASK_RUNNERS[task](base, overrides, out_p, eval_spec, nproc=nproc, threads=threads)
+    from ..tasks import STUDIES
+
+    res = STUDIES[task].run(base, overrides, out_p, eval_spec, nproc=nproc, threads=threads)
     res = {**res, "run_id": out_p.name, **labels, "overrides": overrides, "eval": eval_spec,  # labels win
            "wall_seconds": time.perf_counter() - t0}
     _write_result(out_p, res)

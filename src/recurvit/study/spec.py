@@ -42,8 +42,6 @@ import yaml
 from ..errors import UserError
 from .claims import SEED_KEY, load_claims
 
-TASKS = ("classify", "vae")
-
 
 @dataclass
 class RunSpec:
@@ -123,8 +121,10 @@ def load_study(path: str | Path) -> Study:
             raise UserError(f"study file {p}: '{key}:' must be a mapping (key: value lines), "
                             f"got a {type(raw[key]).__name__}")
     task = str(raw.get("task", "classify"))
-    if task not in TASKS:
-        raise UserError(f"study file {p}: task must be one of {', '.join(TASKS)}, got '{task}'")
+    from ..tasks import STUDIES  # the tasks a study can run: those that say what a study asks of their runs
+
+    if task not in STUDIES:
+        raise UserError(f"study file {p}: task must be one of {', '.join(STUDIES)}, got '{task}'")
     axes = []
     for axis, values in (raw["grid"] or {}).items():
         if isinstance(values, dict):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 
 def estimate(done: List[Dict[str, Any]], todo: int, workers: int) -> str:
@@ -67,3 +67,44 @@ def stop_with_parent(parent: int, every_s: float = 1.0) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="stop-with-parent", daemon=True).start()
+
+
+def run_config(load: Callable, out: Path, base: str, overrides: List[str]):
+    """A run's config: its own config.yaml once it exists (resolved values), else the study's."""
+    return load(out / "config.yaml" if (out / "config.yaml").is_file() else base, overrides)
+
+
+def train_in_processes(command: List[str], base: str, overrides: List[str], out: Path, nproc: int,
+                       threads: Optional[int]) -> Dict[str, Any]:
+    """Train (or resume) ``out`` with ``recurvit <command>`` in ``nproc`` processes under torchrun (DDP,
+    one GPU each when the run is on CUDA); returns the last metrics line. The ranks' output goes to
+    this process's (the job's log)."""
+    import subprocess
+
+    from ..errors import UserError
+    from ..train import distributed as dist_io
+    from ..train.rundir import RunDir
+
+    resume = (out / "config.yaml").is_file()  # else: a new run (or one killed before it wrote anything)
+    args = [*command, *([] if resume else [str(base)]), *overrides, "train.progress=false",
+            *(["--resume", str(out)] if resume else ["--out", str(out)])]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (threads or nproc) // nproc))}
+    proc = subprocess.Popen(dist_io.torchrun_command(nproc, args), env=env)
+    try:
+        rc = proc.wait()
+    except BaseException:  # preempted (submitit's handler exits this process): stop the ranks first
+        proc.terminate()  # torchrun passes it on to its workers; last.pt stays the last whole epoch's
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+    if rc != 0:
+        raise UserError(f"recurvit {' '.join(command)} in {nproc} processes (torchrun) ended with exit status {rc}; "
+                        "its own message is above in this run's log")
+    rows = RunDir(out, created=False, owner=False).read_metrics()
+    return rows[-1] if rows else {}
+
+
+def quiet(*args, **kwargs) -> None:
+    return None

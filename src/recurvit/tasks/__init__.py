@@ -3,14 +3,18 @@
     from recurvit.tasks import train, finetune, finetune_resume, train_vae
 
 A task is one file here plus one entry in :data:`TASKS` (the checkpoint's ``task`` key -> class);
-what it must define is :class:`recurvit.tasks.base.Task`'s docstring.
+what it must define is :class:`recurvit.tasks.base.Task`'s docstring. What a study asks of the
+task's runs (a result row, report columns, tables, plots) is a second file, ``<task>_study.py``,
+and one entry in :data:`STUDIES`; the study runner and report branch on no task's name.
 """
 from .base import Task
 from .classify import ClassifyTask, evaluate, train, train_one_epoch
 from .finetune import FinetuneTask, finetune, finetune_resume
 from .vae import VAETask, train_vae
+from . import classify_study, vae_study
 
 TASKS = {ClassifyTask.name: ClassifyTask, VAETask.name: VAETask}  # a fine-tune is a classify run
+STUDIES = {classify_study.name: classify_study, vae_study.name: vae_study}  # what a study asks of each task's runs
 
-__all__ = ["Task", "TASKS", "ClassifyTask", "FinetuneTask", "VAETask", "train", "train_one_epoch", "evaluate",
+__all__ = ["Task", "TASKS", "STUDIES", "ClassifyTask", "FinetuneTask", "VAETask", "train", "train_one_epoch", "evaluate",
            "finetune", "finetune_resume", "train_vae"]

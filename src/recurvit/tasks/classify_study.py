@@ -1,0 +1,201 @@
+"""What a study asks of classification runs: each run's result row (train, then evaluate over the
+horizon and core-option variants) and the columns, cells, tables and plots of its report.
+The study runner and report (recurvit.study) read this through ``recurvit.tasks.STUDIES``."""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import UserError
+from ..study import plots
+from ..study.grouping import axis_of, pairs, table
+from ..study.plateau import plateau_column, plateau_per_seed, plateau_text
+from ..study.stats import fmt_ci, mean_ci, welch
+from ..study.workers import quiet, run_config, train_in_processes
+
+name = "classify"
+ACC_KEYS = ["acc_T", "acc_2T", "acc_4T", "acc_8T", "acc_16T", "acc_32T", "acc_64T", "acc_mean_T_4T"]
+ACC_HEAD = {"acc_T": "acc@T", "acc_2T": "acc@2T", "acc_4T": "acc@4T", "acc_8T": "acc@8T", "acc_16T": "acc@16T",
+            "acc_32T": "acc@32T", "acc_64T": "acc@64T",
+            "acc_mean_T_4T": "mean T..4T"}
+CSV_KEYS = ["model", "core", "runs_as", "embed_dim", "depth", "steps", "seed", "epochs", "params",
+            "params_stored", "flops_forward", "nfe", "chance", *ACC_KEYS, "test_acc_final", "train_seconds",
+            "eval_seconds", "plateau_val", "plateau_test"]
+STAT_KEYS = ACC_KEYS + ["train_seconds"]
+SHARED_KEYS = ["model", "core", "runs_as", "shares_blocks", "embed_dim", "depth", "steps", "epochs",
+               "params_stored", "flops_forward", "nfe", "chance"]
+CURVE_KEY = "test_acc_curve"
+CONTRAST = (ACC_KEYS, 100.0, "points")  # figures a comparison reads, their scale in the report, its unit
+
+
+# ------------------------------------------------------------------------------- one run's row
+def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
+                 threads: Optional[int] = None) -> Dict[str, Any]:
+    from ..analysis.accounting import account
+    from ..analysis.horizon import horizon_sweep, summarize
+    from ..config import load_config
+    from ..train.checkpoint import load_model_and_config
+    from .classify import evaluate, train
+    from ..train.rundir import RunDir
+    from ..train.runtime import build_test_loader, pick_device
+    from ..study.plateau import plateau_change
+
+    cfg = run_config(load_config, out, base, overrides)
+    cfg.train.progress = False
+    if nproc > 1:
+        metrics = train_in_processes(["train"], base, overrides, out, nproc, threads)
+    else:
+        metrics = train(cfg, out, resume=out.is_dir(), log=quiet)
+    t0 = time.perf_counter()
+    model, cfg = load_model_and_config(out / "last.pt")
+    device = pick_device(cfg.train.device)
+    model.to(device)
+    T = model.nominal_steps
+    K = eval_spec["max_steps_factor"] * T
+    if model.core.limit is not None:
+        K = min(K, model.core.limit)
+    test_loader, info = build_test_loader(cfg)
+    sweep = horizon_sweep(model, test_loader, device, K)
+    variants: Dict[str, Any] = {}
+    for name, opts in eval_spec.get("variants", {}).items():
+        try:
+            other, _ = load_model_and_config(out / "last.pt", **opts)
+        except UserError as e:
+            if "does not apply" not in str(e) and "applies to" not in str(e):
+                raise
+            variants[name] = None  # an option this run's core does not have: not applicable
+            continue
+        ev = evaluate(other.to(device), test_loader, device, amp="off")  # fp32, as the sweep above
+        variants[name] = {"acc_T": ev["accuracy"], "nfe": other.nfe}
+    acct = account(model.cpu(), memory=False)
+    mc = model.cfg
+    logged = RunDir(out, created=False, owner=False).read_metrics()
+    curve = [m.get("test_acc") for m in logged]
+    val_curve = [m.get("val_acc") for m in logged] if any("val_acc" in m for m in logged) else None
+    return {
+        "model": cfg.model.name, "core": mc.core, "runs_as": mc.core_cls.describe(mc),
+        "shares_blocks": mc.core_cls.shares_blocks, "embed_dim": mc.embed_dim, "depth": mc.depth, "steps": T,
+        "seed": cfg.train.seed, "epochs": cfg.train.epochs, "params": acct["params"],
+        "params_stored": acct["params_stored"], "flops_forward": acct["flops_forward"], "nfe": acct["nfe"],
+        "chance": 1.0 / info.num_classes,
+        **{k: v for k, v in summarize(sweep, T).items() if k.startswith("acc_")},
+        "test_acc_final": metrics.get("test_acc"), "train_seconds": metrics.get("train_seconds"),
+        "eval_seconds": time.perf_counter() - t0, "horizon_accuracy": sweep["accuracy"],
+        "test_acc_curve": curve, "val_acc_curve": val_curve, "variants": variants,
+        "plateau_val": plateau_change(val_curve), "plateau_test": plateau_change(curve),
+    }
+
+
+# ------------------------------------------------------------------------------------ the report
+def fix_row(r: Dict[str, Any]) -> None:
+    """A row read back from an older results.csv: what can be derived from it."""
+    from ..models.cores import core_class
+
+    if r.get("core") and "shares_blocks" not in r:
+        r["shares_blocks"] = core_class(r["core"]).shares_blocks
+
+
+def fill_cell(c: Dict[str, Any], rs: List[Dict[str, Any]]) -> None:
+    """The cell's figures beyond the per-key statistics: the mean horizon curve and the core-option variants."""
+    K = min(len(r.get("horizon_accuracy") or []) for r in rs)
+    c["horizon"] = [sum(r["horizon_accuracy"][i] for r in rs) / len(rs) for i in range(K)]
+    names = sorted({k for r in rs for k, v in (r.get("variants") or {}).items() if v})
+    got = [{k: ((r.get("variants") or {}).get(k) or {}).get("acc_T") for k in names} for r in rs]
+    c["variants"] = {k: mean_ci([g[k] for g in got]) for k in names}
+    c["variant_changes"] = {k: mean_ci([None if g[k] is None or r.get("acc_T") is None else g[k] - r["acc_T"]
+                                        for g, r in zip(got, rs)]) for k in names}
+
+
+def prepare_rows(rs: List[Dict[str, Any]]) -> None:
+    for r in rs:  # beyond-horizon means exist only for runs that reached 4T
+        if r.get("acc_4T") is None:
+            r["acc_mean_T_4T"] = None
+
+
+def chance(rows: List[Dict[str, Any]]) -> float:
+    return (rows[0].get("chance") or math.nan) if rows else math.nan
+
+
+def intro(rows: List[Dict[str, Any]], seeds: list) -> List[str]:
+    level = f"chance level {100 * chance(rows):.1f}%" if not math.isnan(chance(rows)) else "chance level not recorded"
+    return [f"{len(rows)} runs; seeds {seeds}; accuracy in % as mean ± half-width of the 95% t-interval over "
+            f"seeds; {level}. T = trained steps; acc@kT = test accuracy when run for "
+            "k x T steps (ODE: k x the trained time span); mean T..4T = mean accuracy over every step from T "
+            f"to 4T; {plateau_text(rows)}", ""]
+
+
+def tables(cs: List[Dict[str, Any]], study) -> List[str]:
+    axes = study.cell_axes()
+    acc = [k for k in ACC_KEYS if any(not math.isnan(c[k]["mean"]) for c in cs)]
+    model = [] if "model" in axes else ["model"]  # an axis named model is that column already
+    per_seed = any(r.get("plateau_val") is not None or r.get("plateau_test") is not None for c in cs for r in c["rows"])
+    plateau = "Δ last 20% epochs, each seed" if per_seed else "Δ last 20% epochs"
+    head = axes + model + ["params (stored)", "MFLOPs/img", "NFE", "T", "epochs"] + [ACC_HEAD[k] for k in acc] + \
+        [plateau, "train s"]
+    body = [[str(c[a]) for a in axes] + [c["model"] for _ in model] + [
+        f"{c['params_stored']:,}", f"{c['flops_forward'] / 1e6:.2f}", str(c["nfe"]), str(c["steps"]),
+        str(c["epochs"] or "-")] + [fmt_ci(c[k]) for k in acc] +
+        [plateau_per_seed(c) if per_seed else plateau_column(c["curve"]), f"{c['train_seconds']['mean']:.0f}"]
+        for c in cs]
+    lines = table(head, body) + [""]
+    names = sorted({k for c in cs for k in c["variants"]})
+    if names:
+        lines += ["Evaluated at T with other core options (same weights; `recurvit eval RUN option=value`), "
+                  "accuracy in %:", ""]
+        lines += table(axes + ["trained as", "as trained"] + names,
+                        [[str(c[a]) for a in axes] + [c["runs_as"], fmt_ci(c["acc_T"])] +
+                         [fmt_ci(c["variants"][n]) if n in c["variants"] else "-" for n in names] for c in cs])
+        lines += ["", "The same, as the change from the run's own accuracy (points; paired over seeds, mean ± 95% "
+                  "half-width: an interval that excludes 0 is a change the seeds agree on):", ""]
+        lines += table(axes + ["trained as"] + names,
+                        [[str(c[a]) for a in axes] + [c["runs_as"]] +
+                         [fmt_ci(c["variant_changes"][n], signed=True) if n in c["variants"] else "-" for n in names]
+                         for c in cs])
+        lines.append("")
+    if study.frontier:
+        lines += _frontier_table(cs)
+    return lines
+
+
+def _frontier_table(cs: List[Dict[str, Any]]) -> List[str]:
+    """Where each setting sits on the accuracy-robustness frontier (means over seeds): on the front
+    (no other setting is at least as good on both axes and better on one) or behind which settings."""
+    cs = [c for c in cs if not math.isnan(c["acc_T"]["mean"]) and not math.isnan(c["acc_mean_T_4T"]["mean"])]
+    if len(cs) < 2:
+        return []
+
+    def behind(c, key):
+        x, y = c["acc_T"]["mean"], c[key]["mean"]
+        better = [o["cell"] for o in cs if o is not c and not math.isnan(o[key]["mean"])
+                  and o["acc_T"]["mean"] >= x and o[key]["mean"] >= y
+                  and (o["acc_T"]["mean"] > x or o[key]["mean"] > y)]
+        return "on the front" if not better else "behind " + ", ".join(better)
+
+    lines = ["The accuracy-robustness frontier (means over seeds; a setting is on the front when no other is at "
+             "least as accurate at T and beyond the horizon, and better on one; the 95% intervals of this report say which "
+             "differences the seeds separate):", ""]
+    body = [[c["cell"], fmt_ci(c["acc_T"]), fmt_ci(c["acc_mean_T_4T"]), fmt_ci(c["acc_16T"]),
+             behind(c, "acc_mean_T_4T"), behind(c, "acc_16T") if not math.isnan(c["acc_16T"]["mean"]) else "-"]
+            for c in cs]
+    return lines + table(["setting", "acc@T", "mean T..4T", "acc@16T", "T vs mean T..4T", "T vs 16T"], body) + [""]
+
+
+def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
+    made = plots.cost_fronts(cs, out_dir, study.name)
+    if any(len(c["horizon"]) > 1 for c in cs):
+        made.append(plots.horizon(cs, out_dir, study.name, chance))
+    if any(c["curve"] for c in cs):
+        made.append(plots.epochs(cs, out_dir, study.name))
+    if study.frontier:
+        made.append(plots.frontier(cs, out_dir, study.name, chance))
+    axes = study.cell_axes()
+    for a, b in study.compare:  # a comparison made at 3 or more labels of one other axis: its trend
+        found, others = pairs(cs, axes, a, b), [x for x in axes if x != axis_of(cs, axes, a, b)]
+        if len(found) >= 3 and len(others) == 1:
+            points = [(where.strip(" ()"), welch([r.get("acc_T") for r in ca["rows"]],
+                                                 [r.get("acc_T") for r in cb["rows"]])) for ca, cb, where in found]
+            made.append(plots.difference_across(points, out_dir, study.name, f"{a} − {b}", others[0],
+                                                f"{a} − {b}, acc@T (points)"))
+    return made

@@ -1,0 +1,100 @@
+"""The one training loop (train/fit.py) with a task it has never seen: a new task is one class.
+
+The task here (predict an image's mean intensity with a linear model) defines only what
+``recurvit.tasks.base.Task`` asks for; resume, best.pt on its own score, the checkpoint schema and
+the refusal to resume another task's run come from the loop."""
+import dataclasses
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+import yaml
+
+from recurvit.config import TrainConfig
+from recurvit.errors import UserError
+from recurvit.tasks.base import Task
+from recurvit.train.fit import fit
+from recurvit.train.optim import build_optimizer, build_scheduler
+
+
+@dataclasses.dataclass
+class BrightnessConfig:
+    train: TrainConfig = dataclasses.field(
+        default_factory=lambda: TrainConfig(epochs=4, batch_size=16, lr=0.05, warmup_epochs=0, weight_decay=0.0,
+                                            progress=False, device="cpu"))
+
+
+class Brightness(Task):
+    """Images (64 values) -> their mean, by a linear model; best.pt on the validation error."""
+
+    name = "brightness"
+
+    def config_dict(self):
+        return dataclasses.asdict(self.cfg)
+
+    def config_yaml(self):
+        return yaml.safe_dump(self.config_dict())
+
+    def setup(self, env, device, log, force=False):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.rand(96, 64, generator=g)
+        self.val = torch.rand(32, 64, generator=g)
+        self.model = nn.Linear(64, 1)  # initialised from the seed the loop set
+        self.steps_per_epoch = len(self.x) // self.cfg.train.batch_size
+        self.opt = build_optimizer(self.model, self.cfg.train, device)
+        self.sched = build_scheduler(self.opt, self.cfg.train, self.steps_per_epoch)
+
+    def _mse(self, x):
+        return (self.model(x).squeeze(1) - x.mean(1)).pow(2).mean()
+
+    def train_epoch(self, epoch, env):
+        order, total = torch.randperm(len(self.x)), 0.0  # the global RNG: restored by the loop on resume
+        for i in range(self.steps_per_epoch):
+            loss = self._mse(self.x[order[i * 16:(i + 1) * 16]])
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            self.sched.step()
+            total += loss.item()
+        return {"lr": self.sched.get_last_lr()[0], "train_mse": total / self.steps_per_epoch, "seconds": 0.0}
+
+    def evaluate(self, env):
+        with torch.no_grad():
+            return {"val_mse": self._mse(self.val).item()}
+
+    def score(self, metrics, last):
+        return -metrics["val_mse"]
+
+
+def _rows(run):
+    return [{k: v for k, v in json.loads(ln).items() if k != "train_cpu_seconds"}
+            for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_new_task_trains_resumes_and_keeps_its_best_through_the_one_loop(tmp_path):
+    quiet = dict(log=lambda *a: None)
+    whole = fit(Brightness(BrightnessConfig()), tmp_path / "whole", **quiet)
+    fit(Brightness(BrightnessConfig()), tmp_path / "part", stop_after=2, **quiet)
+    assert [r["epoch"] for r in _rows(tmp_path / "part")] == [1, 2]
+    resumed = fit(Brightness(BrightnessConfig()), tmp_path / "part", resume=True, **quiet)
+    assert _rows(tmp_path / "part") == _rows(tmp_path / "whole")  # a resume changes nothing
+    assert resumed["val_mse"] == whole["val_mse"] and whole["val_mse"] < _rows(tmp_path / "whole")[0]["val_mse"]
+    best = torch.load(tmp_path / "whole" / "best.pt", weights_only=True)
+    last = torch.load(tmp_path / "whole" / "last.pt", weights_only=True)
+    vals = [r["val_mse"] for r in _rows(tmp_path / "whole")]
+    assert best["epoch"] == 1 + vals.index(min(vals))  # best.pt: the task's own score
+    assert best["task"] == last["task"] == "brightness" and last["epoch"] == 4
+    assert {"format", "config", "model", "optimizer", "scheduler", "rng", "metrics", "best_score"} <= set(last)
+    assert yaml.safe_load((tmp_path / "whole" / "config.yaml").read_text())["train"]["epochs"] == 4
+
+
+def test_the_loop_refuses_to_resume_another_tasks_run(tmp_path):
+    from recurvit.config import load_config
+    from recurvit.tasks.classify import ClassifyTask
+
+    fit(Brightness(BrightnessConfig()), tmp_path / "run", stop_after=1, log=lambda *a: None)
+    with pytest.raises(UserError, match="it is a brightness run, not a classify run") as e:
+        fit(ClassifyTask(load_config(None, ["train.epochs=2"])), tmp_path / "run", resume=True, log=lambda *a: None)
+    assert "\n" not in str(e.value)
+    assert [r["epoch"] for r in _rows(tmp_path / "run")] == [1]  # the run is left as it was
