@@ -56,9 +56,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))  # run from a fresh clone without installing
 
-from recurvit import create_model  # noqa: E402
+from recurvit import create_model  # noqa: E402  (the installed package: pip install -e .)
 from recurvit.analysis.accounting import measure_flops  # noqa: E402
 from recurvit.models.speed import compile_blocks, set_activation_checkpointing  # noqa: E402
 

@@ -168,3 +168,12 @@ def test_headless_model_returns_pooled_features():
     model = create_model("bvit_tiny", steps=2, **{**TINY, "num_classes": 0}).eval()
     assert isinstance(model.head, torch.nn.Identity) and model.num_classes == 0
     assert model(torch.randn(2, 3, 16, 16)).shape == (2, model.head_hidden_size)
+
+
+def test_invalid_api_arguments_are_value_errors():
+    """Python callers catch what Python users expect; the CLI still prints the same message as one line."""
+    from recurvit.errors import UserError
+
+    with pytest.raises(ValueError, match="depth=3 does not apply"):
+        create_model("bvit_tiny", depth=3)
+    assert issubclass(UserError, ValueError)

@@ -70,7 +70,7 @@ class DataConfig:
 
 @dataclass
 class SupervisionConfig:
-    """Stage-wise deep supervision (issue 3). stages=1 with weights=last is plain training."""
+    """Stage-wise deep supervision. stages=1 with weights=last is plain training."""
 
     stages: int = 1  # number of equally spaced readouts over the trained steps
     weights: str = "last"  # uniform | linear | last
@@ -79,7 +79,7 @@ class SupervisionConfig:
 
 @dataclass
 class DepthConfig:
-    """Per-batch depth schedule (issue 3)."""
+    """Per-batch depth schedule."""
 
     schedule: str = "fixed"  # fixed | uniform | poisson_lognormal
     min_steps: int = 1  # uniform: lower bound

@@ -1,4 +1,5 @@
-"""Rows of figures to CSV, one convention for every table the package writes (floats to 6 digits)."""
+"""Rows of figures to CSV with floats to 6 significant digits: the writer of the LoopVAE intervention and
+profile tables (the study results.csv, recurvit.study.report, formats its own rows the same way)."""
 from __future__ import annotations
 
 import csv

@@ -1,4 +1,4 @@
-"""recurvit vae train|eval|intervene|profile: the LoopVAE tokenizer (issue 7).
+"""recurvit vae train|eval|intervene|profile: the LoopVAE tokenizer.
 
     recurvit vae train [CONFIG.yaml] [key=value ...] [--out DIR] | --resume RUN_DIR [key=value ...]
     recurvit vae eval RUN [--loops 2,2,3] [--lpips-weights F --vgg-weights F] [--inception-weights F] [--json]

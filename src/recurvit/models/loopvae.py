@@ -32,8 +32,8 @@ Interventions (recurrence studies) are arguments of :meth:`LoopVAE.forward`: run
 loops per scale (``loops`` / ``enc_loops`` / ``dec_loops``) and scale ONE loop's update,
 ``h <- h + factor * (core_l(h) - h)`` (``update_scale={("decoder", s, l): factor}``).
 
-Files: this module holds the config, the model and its registered presets (and re-exports the
-parts); the core and its conditioned blocks are in ``loopvae_core.py``, the encoder, decoder,
+Files: this module holds the model and its registered presets (and re-exports the parts); the
+config is ``loopvae_config.py``, the core and its conditioned blocks are in ``loopvae_core.py``, the encoder, decoder,
 transitions and posterior in ``loopvae_codec.py``.
 """
 from __future__ import annotations

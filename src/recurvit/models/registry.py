@@ -49,6 +49,8 @@ def model_config(name: str, **overrides):
         if unknown:
             raise UserError(f"model '{name}' has no option {', '.join(unknown)}; options: {', '.join(sorted(valid))}")
         return config_cls(**{**base, **overrides})
+    except UserError:
+        raise
     except TypeError as e:
         raise UserError(f"model '{name}': {e}") from None
     except ValueError as e:
@@ -62,6 +64,8 @@ def create_model(name: str, **overrides) -> nn.Module:
     builder, _ = _BUILDERS[name]
     try:
         model = builder(cfg)
+    except UserError:
+        raise
     except (ValueError, TypeError) as e:
         raise UserError(f"cannot build '{name}': {e}") from None
     model.preset_name = name

@@ -110,7 +110,7 @@ def _studyless(claim: Claim, root: Path) -> Tuple[str, str]:
 
 
 def _anytime_lines(root: Path) -> List[Line]:
-    """Anytime exit (issue-free wording): a criterion is chosen per run kind on the calibration split
+    """Anytime exit: a criterion is chosen per run kind on the calibration split
     (fewest mean steps there, every criterion's threshold calibrated to the target drop there), and the
     target is then counted per seed on the test split."""
     from importlib import util
