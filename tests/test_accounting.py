@@ -147,6 +147,7 @@ def test_match_options():
 
 
 # ------------------------------------------------------------------ paper-size counts (scripts/accounting.py)
+@pytest.mark.slow
 def test_paper_size_loopvae_has_a_four_block_core_and_28_applications_per_side():
     with torch.device("meta"):  # shapes only: the 256 px model is counted without weights or arithmetic
         model = create_model("loopvae_conv_imagenet")
@@ -159,6 +160,7 @@ def test_paper_size_loopvae_has_a_four_block_core_and_28_applications_per_side()
     assert abs(count_params(model)["params_stored"] / 29e6 - 1) <= 0.10  # "the 29M-parameter convolutional model"
 
 
+@pytest.mark.slow
 def test_accounting_script_check_passes_on_the_committed_files():
     import importlib.util
     from pathlib import Path

@@ -176,6 +176,7 @@ def tiny_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_analyze_cli_writes_every_output(tiny_run, tmp_path, capsys):
     capsys.readouterr()
     out = tmp_path / "an"

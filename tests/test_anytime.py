@@ -186,6 +186,7 @@ def tiny_runs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_exit_command_writes_csv_png_and_json(tiny_runs, tmp_path, capsys):
     run = tiny_runs / "ds3__seed=0"
     capsys.readouterr()
@@ -206,6 +207,7 @@ def test_exit_command_writes_csv_png_and_json(tiny_runs, tmp_path, capsys):
     assert "mean steps <= 0.6 x T" in out and "speed:" in out and "x (batch 256" in out
 
 
+@pytest.mark.slow
 def test_exit_calibration_never_reads_the_test_split(tiny_runs, tmp_path, monkeypatch, capsys):
     seen = {}
     real_build, real_calibrate = recurvit.data.build_datasets, anytime.calibrate
@@ -226,6 +228,7 @@ def test_exit_calibration_never_reads_the_test_split(tiny_runs, tmp_path, monkey
     assert seen["reads_at_calibration"] == 0 and seen["test"].reads > 0
 
 
+@pytest.mark.slow
 def test_exit_command_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, capsys):
     run = str(tiny_runs / "ds3__seed=0")
     for argv in (["--criterion", "nope"], ["--target-drop", "1", "--step-budget", "0.5"]):
@@ -248,6 +251,7 @@ def test_exit_command_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, caps
     assert json.loads(capsys.readouterr().out)["test"]["mean_steps"] == 2
 
 
+@pytest.mark.slow
 def test_experiment_script_end_to_end(tiny_runs, tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "experiments"))
     import anytime as experiment

@@ -53,6 +53,7 @@ def test_bad_input_one_line_exit_2(capsys, argv, needle, tmp_path, monkeypatch):
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())  # nothing left behind
 
 
+@pytest.mark.slow
 def test_train_eval_horizon_and_corrupt_checkpoint(run_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(run_dir), "--json"]) == 0
@@ -78,6 +79,7 @@ def test_existing_run_dir_is_kept(run_dir, capsys):
     _fails(capsys, ["train", "--resume", str(run_dir / "nope")], "is not a run directory")
 
 
+@pytest.mark.slow
 def test_console_entry_point_exit_code(tmp_path):
     r = subprocess.run([sys.executable, "-m", "recurvit", "train", "model.name=nope"], capture_output=True, text=True)
     assert r.returncode == 2
@@ -85,6 +87,7 @@ def test_console_entry_point_exit_code(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_flops_runs_on_the_default_device_and_counts_the_router(capsys):
     assert main(["flops", "srvit_tiny", "img_size=32", "patch_size=4", "recursions=2", "router=query",
                  "--no-memory", "--json"]) == 0

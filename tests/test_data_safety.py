@@ -115,6 +115,7 @@ def test_malicious_archive_is_refused_before_anything_is_written(tmp_path, case)
     _only_archive_left(outside, archive)
 
 
+@pytest.mark.slow
 def test_malicious_archive_cli_one_line_nothing_written(tmp_path):
     outside, archive, _ = _malicious_root(tmp_path, "dotdot")
     out = tmp_path / "run"
@@ -225,6 +226,7 @@ def test_unreadable_image_in_a_dataloader_worker_stays_one_line(tmp_path):
     assert "\n" not in msg and msg.startswith(f"cannot read image {path} "), msg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,workers", [("corrupt", 0), ("text", 0), ("truncated", 2)])
 def test_unreadable_image_cli_exit_2_one_line(tmp_path, kind, workers):
     path = _folder_with_bad(tmp_path / "data", {"train/cat/bad.png": kind})[kind]
@@ -260,6 +262,7 @@ def test_skip_bad_images_with_nothing_readable_left(tmp_path):
         build_datasets(DataConfig(name="imagefolder", root=str(tmp_path), img_size=8, skip_bad_images=True))
 
 
+@pytest.mark.slow
 def test_skip_bad_images_cli_trains_and_prints_the_count(tmp_path):
     _folder_with_bad(tmp_path / "data", {"train/cat/a.png": "text", "train/dog/b.png": "corrupt"})
     r = _cli("train", "data.name=imagefolder", f"data.root={tmp_path / 'data'}", "data.img_size=8",
@@ -289,6 +292,7 @@ def test_bad_data_values_are_one_line_when_datasets_are_built(key, value):
     assert "\n" not in msg and f"data.{key}" in msg, msg
 
 
+@pytest.mark.slow
 def test_negative_num_workers_cli_exit_2_one_line(tmp_path):
     out = tmp_path / "run"
     r = _cli("train", "data.num_workers=-1", *FAST, "--out", str(out), cwd=tmp_path)

@@ -90,6 +90,7 @@ def _worker(rank, world, port, overrides, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_process_gloo_run_matches_one_process(tmp_path):
     overrides = SMALL + ["train.epochs=3"]
     single = train(load_config(None, overrides), tmp_path / "single", log=lambda *a: None)
@@ -120,6 +121,7 @@ def _cli(*args, timeout=240):
                           timeout=timeout, env=env)
 
 
+@pytest.mark.slow
 def test_cli_nproc_launches_torchrun(tmp_path):
     run = tmp_path / "run"
     r = _cli("--nproc", "2", "--out", str(run), "--json", *SMALL, "train.epochs=1")
@@ -148,6 +150,7 @@ def test_cli_nproc_command_lines(tmp_path, monkeypatch):
                                                           "--nproc_per_node=2", "-m"]
 
 
+@pytest.mark.slow
 def test_cli_nproc_rejects_an_indivisible_batch_before_launching(tmp_path):
     r = _cli("--nproc", "2", "--out", str(tmp_path / "run"), *SMALL, "train.batch_size=33", timeout=120)
     assert r.returncode == 2
@@ -174,6 +177,7 @@ def _vae_worker(rank, world, port, overrides, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_a_loopvae_trains_in_two_gloo_processes_to_the_one_process_metrics(tmp_path):
     from recurvit.vae import load_vae_config, train_vae
 
@@ -194,6 +198,7 @@ def test_a_loopvae_trains_in_two_gloo_processes_to_the_one_process_metrics(tmp_p
         torch.testing.assert_close(w2["model"][k], w1["model"][k], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_adversarial_stage_refuses_several_processes(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
     r = subprocess.run([sys.executable, "-m", "recurvit", "vae", "train", *VAE_RUN, "train.adv.start_step=0",

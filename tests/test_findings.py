@@ -147,5 +147,6 @@ def test_survival_table_compares_the_3_epoch_and_10_epoch_verdicts(tmp_path):
     assert lines[("| random depth − naive", "acc@T")].endswith("(−) | yes |")
 
 
+@pytest.mark.slow
 def test_every_study_claim_of_the_repository_loads_and_the_table_is_current():
     assert script.main(["--check"]) == 0

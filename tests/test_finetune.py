@@ -175,6 +175,7 @@ def test_finetune_cli_runs_saves_and_reloads(source, tmp_path, capsys, method):
     assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(res["best_acc"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra,needle", [
     (["data.synthetic_chans=3"], "3-channel images but the pretrained model takes 1"),
     (["data.img_size=16"], "data.img_size=16 but the pretrained model takes 8x8"),
@@ -195,6 +196,7 @@ def _epochs(run):
             for ln in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["lora", "step_lora"])
 def test_a_stopped_finetune_resumes_to_the_uninterrupted_metrics(source, tmp_path, method):
     from recurvit.tasks.finetune import finetune, finetune_resume
@@ -211,6 +213,7 @@ def test_a_stopped_finetune_resumes_to_the_uninterrupted_metrics(source, tmp_pat
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_killed_finetune_resumes_from_the_command_line(source, tmp_path):
     import os
     import signal

@@ -197,6 +197,7 @@ class _FullFile(io.RawIOBase):
         self.f.flush()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["inside_torch_writer", "from_save"])
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_last_checkpoint(one_epoch, tmp_path, capsys,
                                                                               monkeypatch, how):
@@ -356,6 +357,7 @@ def test_checkpoints_and_config_follow_the_umask(tmp_path):
     assert modes == {"config.yaml": 0o644, "last.pt": 0o644, "metrics.jsonl": 0o644}, modes
 
 
+@pytest.mark.slow
 def test_a_warmup_longer_than_training_says_so_in_one_line(tmp_path):
     from recurvit.config import load_config
     from recurvit.tasks.classify import train

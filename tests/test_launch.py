@@ -47,6 +47,7 @@ def _rows(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_preempted_job_is_requeued_and_resumes_to_the_uninterrupted_result(study_file, tmp_path, capsys):
     """Job a gets USR2 (what Slurm sends to preempt a job or before its time limit) once its first
     checkpoint is on disk: submitit calls StudyJob.checkpoint, requeues it, and the new process resumes
@@ -167,6 +168,7 @@ def test_without_slurm_or_submitit_one_line(study_file, tmp_path, monkeypatch):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_a_run_with_several_gpus_trains_in_torchrun_processes(study_file, tmp_path):
     """--gpus-per-run N > 1 makes the job call run_one(nproc=N): training in N processes under torchrun
     (DDP, as `recurvit train --nproc N`), evaluation in the job. Here on CPU (gloo), resuming a run

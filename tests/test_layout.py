@@ -1,3 +1,4 @@
+import pytest
 """The package's shape: no import cycle, files of one job each, no branch on a core's name outside
 models/ (a core answers for itself)."""
 import re
@@ -29,6 +30,7 @@ def test_no_branch_on_a_core_name_outside_models():
     assert not hits, hits
 
 
+@pytest.mark.slow
 def test_a_new_core_is_one_class_and_one_table_entry():
     """Everything outside models/ asks the core: a core registered in the table alone works end to end."""
     import dataclasses

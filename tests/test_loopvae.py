@@ -36,6 +36,7 @@ def _x(b=2, c=3, s=16, seed=0):
 
 
 # ------------------------------------------------------------------------------------ model
+@pytest.mark.slow
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_shapes_applications_and_accounting(name):
     torch.manual_seed(0)
@@ -188,6 +189,7 @@ TINY_RUN = ["data.img_size=16", "data.train_crops=64", "data.max_test=32", "mode
             "model.depth=1", "model.z_channels=2", "train.batch_size=16", "train.progress=false", "train.threads=1"]
 
 
+@pytest.mark.slow
 def test_resume_equals_an_uninterrupted_run(tmp_path):
     from recurvit.vae import load_vae_config, train_vae
 
@@ -209,6 +211,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     assert full["test_psnr"] > full["baseline_psnr"]
 
 
+@pytest.mark.slow
 def test_cli_train_eval_intervene_profile_on_digits(tmp_path, capsys):
     run = tmp_path / "run"
     digits = ["data.name=digits", "model.patch_size=1", "model.loops=[1,2]", "model.embed_dim=8", "model.groups=4",

@@ -41,6 +41,7 @@ def _timm_vit(**kw):
     return VisionTransformer(**kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size,dim,heads", [("tiny", 192, 3), ("small", 384, 6), ("base", 768, 12)])
 def test_timm_parity_both_directions(size, dim, heads):
     ours = create_model(f"vit_{size}", img_size=32, patch_size=4, num_classes=100).eval()

@@ -39,6 +39,7 @@ def _x(seed=1, b=2):
 
 
 # ----------------------------------------------------------------- 1. Euler = recurrence
+@pytest.mark.slow
 @pytest.mark.parametrize("step_cond,reinject", [("none", False), ("embed", True), ("scale", False)])
 def test_euler_state_subtracted_is_the_bvit_recurrence(step_cond, reinject):
     b = _bvit(step_cond=step_cond, reinject=reinject)
@@ -120,6 +121,7 @@ def test_fixed_grid_is_torchdiffeq_step_size_grid():
 
 
 # ---------------------------------------------------------------------------- 3. NFE
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["euler", "midpoint", "heun2", "heun3", "rk4"])
 def test_nfe_is_steps_times_stages(method):
     o = _ode(method=method)
@@ -233,6 +235,7 @@ def test_adjoint_matches_direct_backprop():
 
 
 # ---------------------------------------------------------------- 7. beyond nominal
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["euler", "rk4", "explicit_adams"])
 def test_beyond_nominal_and_forward_steps_consistency(method):
     o = _ode(_bvit(step_cond="scale"), method=method, step_cond="scale", t_end=2.0)
@@ -302,6 +305,7 @@ def test_registry_example_builds():
 
 
 # ------------------------------------------------------------------ refinement at evaluation
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["euler", "midpoint", "rk4"])
 def test_refinement_converges_to_the_fine_solution(method):
     """The same trained field solved with h/n over the same span approaches the exact flow as n

@@ -33,6 +33,7 @@ def pngs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_predict_on_pngs_of_the_test_split_equals_eval(run, pngs, capsys):
     assert main(["eval", str(run), "--json"]) == 0
     accuracy = json.loads(capsys.readouterr().out)["accuracy"]
@@ -75,6 +76,7 @@ def test_python_predict_and_unreadable_files(run, pngs, tmp_path, capsys):
     assert main(["predict", str(run), str(tmp_path)]) == 2  # nothing readable: one line, exit 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [[], ["model.name=vit_tiny", "model.depth=2"],
                                    ["model.name=srvit_tiny", "model.depth=2", "model.recursions=2"],
                                    ["model.core=ode", "model.method=rk4", "model.t_end=2.0"]],
@@ -100,6 +102,7 @@ def test_export_hf_loads_in_timm_and_recurvit_with_the_same_logits(tmp_path, mod
     assert main(["export", str(run), "--format", "hf", str(tmp_path / "hf")]) == 2  # never over an export
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [[], ["model.name=vit_tiny", "model.depth=2"],
                                    ["model.name=srvit_tiny", "model.depth=2", "model.recursions=2"]],
                          ids=["bvit", "vit", "srvit"])
@@ -116,6 +119,7 @@ def test_torch_export_has_a_dynamic_batch_and_the_runs_logits(tmp_path, model):
             torch.testing.assert_close(program(x), recurvit.load_model(run)(x), rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_ode_core_says_in_one_line_why_it_cannot_be_torch_exported(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *TINY, "model.core=ode", "model.method=rk4", "model.t_end=2.0", "train.epochs=1",
@@ -127,6 +131,7 @@ def test_the_ode_core_says_in_one_line_why_it_cannot_be_torch_exported(tmp_path,
     assert not (tmp_path / "m.pt2").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [[], ["model.name=vit_tiny", "model.depth=2"],
                                    ["model.name=srvit_tiny", "model.depth=2", "model.recursions=2"]],
                          ids=["bvit", "vit", "srvit"])

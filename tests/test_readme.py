@@ -10,6 +10,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 BLOCKS = [b for page in PAGES for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_readme_python_example_runs(code):
     exec(compile(code, str(README), "exec"), {})

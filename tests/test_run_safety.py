@@ -73,6 +73,7 @@ def epochs(run):
 
 
 # ------------------------------------------------------------------------------- one writer
+@pytest.mark.slow
 def test_two_trainers_started_at_once_one_writes_the_other_exits_2(tmp_path):
     run = tmp_path / "same"
     procs = [start("train", *TINY, "train.epochs=2", f"train.seed={s}", "--out", run) for s in (0, 1)]
@@ -86,6 +87,7 @@ def test_two_trainers_started_at_once_one_writes_the_other_exits_2(tmp_path):
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["seed"] == winner_seed
 
 
+@pytest.mark.slow
 def test_resume_of_a_running_run_is_refused_and_a_killed_run_resumes(tmp_path):
     run = tmp_path / "r"
     p = start("train", *TINY, "train.epochs=8", "--out", run)
@@ -104,6 +106,7 @@ def test_resume_of_a_running_run_is_refused_and_a_killed_run_resumes(tmp_path):
     assert epochs(run) == list(range(1, 9))
 
 
+@pytest.mark.slow
 def test_a_killed_study_takes_its_workers_with_it_and_resumes(tmp_path):
     """kill -9 of `recurvit study` ends its worker processes (no orphan keeps a run's lock); run again,
     the study finishes every run."""
@@ -142,6 +145,7 @@ def _alive(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
+@pytest.mark.slow
 def test_the_lock_protects_finetune_and_vae_train(trained, tmp_path):
     held = tmp_path / "held"
     with RunDir.create(held):  # another process's lock: the commands below run in their own processes
@@ -153,6 +157,7 @@ def test_the_lock_protects_finetune_and_vae_train(trained, tmp_path):
 
 
 # ----------------------------------------------------------------------------------- resume
+@pytest.mark.slow
 def test_resume_applies_train_overrides_and_says_so(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path)
     res = run_main("train", "--resume", run, "train.epochs=3", "train.lr=0.002", capsys=capsys)
@@ -210,6 +215,7 @@ def test_follow_config_keeps_an_unchanged_schedule_and_moves_a_changed_one():
     assert opt.param_groups[0]["weight_decay"] == 0.1 and opt.param_groups[1]["weight_decay"] == 0.0
 
 
+@pytest.mark.slow
 def test_resume_without_a_checkpoint_starts_from_the_beginning_and_cleans_temp_files(tmp_path, capsys):
     run = tmp_path / "r"
     run.mkdir()
@@ -284,6 +290,7 @@ def test_eval_refuses_a_step_count_far_beyond_the_machine(trained, capsys):
 
 
 # ---------------------------------------------------------------------------------- output
+@pytest.mark.slow
 def test_piped_output_is_one_line_per_epoch_and_no_progress_bar(tmp_path):
     res = cli("train", *TINY, "train.epochs=3", "--out", tmp_path / "r")  # pipes, TQDM_DISABLE unset
     assert res.returncode == 0, res.stderr
@@ -371,6 +378,7 @@ def test_a_study_folder_has_one_writer(tmp_path, capsys):
     assert not (tmp_path / "o" / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_corrupt_result_is_evaluated_again_and_a_failed_study_exits_1(tmp_path, capsys):
     spec = _study(tmp_path, "  train.seed: [0, 1]\n")
     out = tmp_path / "o"
@@ -385,6 +393,7 @@ def test_a_corrupt_result_is_evaluated_again_and_a_failed_study_exits_1(tmp_path
     assert json.loads((out / "runs" / "seed=0" / "result.json").read_text())["acc_T"] > 0
 
 
+@pytest.mark.slow
 def test_a_killed_worker_fails_its_run_only(tmp_path):
     spec = _study(tmp_path, "  train.seed: [0, 1]\n", epochs=30)
     out = tmp_path / "o"
@@ -402,6 +411,7 @@ def test_a_killed_worker_fails_its_run_only(tmp_path):
     assert rows["seed=1"]["epochs"] == 30
 
 
+@pytest.mark.slow
 def test_a_bare_resume_never_trains_the_default_config(tmp_path, capsys, monkeypatch):
     empty = tmp_path / "killed_early"
     empty.mkdir()
@@ -425,6 +435,7 @@ def test_a_bare_resume_never_trains_the_default_config(tmp_path, capsys, monkeyp
     assert yaml.safe_load(seen["config"])["model"]["name"] == "vit_tiny"
 
 
+@pytest.mark.slow
 def test_killing_a_multi_process_train_takes_torchrun_and_its_ranks_with_it(tmp_path):
     run = tmp_path / "ddp"
     p = start("train", *TINY, "train.epochs=5000", "train.device=cpu", "--nproc", "2", "--out", run)
@@ -444,6 +455,7 @@ def test_killing_a_multi_process_train_takes_torchrun_and_its_ranks_with_it(tmp_
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_a_torn_metrics_line_past_the_checkpoint_is_dropped_and_one_within_it_is_named(trained, tmp_path, capsys):
     run = copy_run(trained, tmp_path)
     good = (run / "metrics.jsonl").read_text()

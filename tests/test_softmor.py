@@ -58,6 +58,7 @@ def _reference(model, x):
 
 
 # ------------------------------------------------------------------------------ definition
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("r", [2, 3])
 def test_matches_the_written_out_definition(layout, r):
@@ -68,6 +69,7 @@ def test_matches_the_written_out_definition(layout, r):
     assert m.nfe == SMALL["depth"] * r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_one_recursion_is_exactly_the_vit(layout):
     torch.manual_seed(0)
@@ -87,6 +89,7 @@ def test_one_recursion_is_exactly_the_vit(layout):
 
 
 # ---------------------------------------------------------------------------------- steps
+@pytest.mark.slow
 @pytest.mark.parametrize("layout, r, nominal", [("inplace", 2, 3), ("inplace", 4, 3), ("cycle", 3, 3), ("cycle", 4, 4)])
 def test_forward_steps_equal_truncated_forwards(layout, r, nominal):
     m = _srvit(r, layout)
@@ -117,6 +120,7 @@ def test_cycle_steps_are_fewer_recursions():
 
 
 # ----------------------------------------------------------------------------- mixture weights
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_last_weights_are_token_wise_distributions(layout):
     r = 3
@@ -140,6 +144,7 @@ def test_last_weights_are_token_wise_distributions(layout):
 
 
 # ------------------------------------------------------------------------------ gradients
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("r", [1, 2, 3, 4])
 def test_every_parameter_gets_a_gradient(layout, r):
@@ -158,6 +163,7 @@ def test_every_parameter_gets_a_gradient(layout, r):
         assert (m.core.bias.grad != 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_truncated_backprop_keeps_logits_and_trains_the_last_router(layout):
     m = _srvit(2, layout)
@@ -229,6 +235,7 @@ def test_invalid_options_are_user_errors(bad):
 
 
 # --------------------------------------------------------------- query router, plain recursion
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("router", ["linear", "query"])
 @pytest.mark.parametrize("r", [1, 2, 4])

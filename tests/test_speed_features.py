@@ -35,6 +35,7 @@ from torch._dynamo.testing import CompileCounter  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------- compile
+@pytest.mark.slow
 def test_compiled_block_is_not_recompiled_when_the_step_count_changes():
     """The block module is compiled, the loop over steps stays python: train at 3 steps, read
     out at 7, evaluate at 5 and 24 -- one graph for training, one for no-grad evaluation."""
@@ -76,6 +77,7 @@ def test_a_stack_shares_one_compiled_block_graph():
 _NO_COMPILE = compile_available("cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_NO_COMPILE is not None, reason=f"torch.compile unavailable: {_NO_COMPILE}")
 def test_inductor_compiled_block_matches_eager_across_step_counts():
     dynamo.reset()
@@ -90,6 +92,7 @@ def test_inductor_compiled_block_matches_eager_across_step_counts():
     assert dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.slow
 def test_train_with_compile_and_checkpointing_runs_and_matches_eager(tmp_path, monkeypatch):
     """train.compile / train.activation_checkpointing plumbing (dynamo with its eager backend
     here, so no C++ compiler is needed; inductor is exercised above)."""

@@ -37,6 +37,7 @@ def study_file(tmp_path):
     return tmp_path / "s.yaml"
 
 
+@pytest.mark.slow
 def test_study_runs_grid_resumes_and_reports(study_file, tmp_path):
     study = load_study(study_file)
     assert [r.run_id for r in study.runs] == ["rec__seed=0", "rec__seed=1", "vit__seed=0", "vit__seed=1",
@@ -63,6 +64,7 @@ def test_study_runs_grid_resumes_and_reports(study_file, tmp_path):
         assert (study.results / png).stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_only_runs_the_chosen_runs_and_the_report_names_the_rest(study_file, tmp_path, capsys):
     out = tmp_path / "study"
     assert main(["study", str(study_file), "--out", str(out), "--only", "rec__*", "vit__seed=1", "--json"]) == 0
@@ -92,6 +94,7 @@ def test_study_file_errors(tmp_path):
         load_study(tmp_path / "s.yaml")
 
 
+@pytest.mark.slow
 def test_mixture_command_on_a_softmor_run(tmp_path, capsys):
     run = tmp_path / "sr"
     assert main(["train", "model.name=srvit_tiny", "model.patch_size=4", "model.embed_dim=24", "model.num_heads=2",
@@ -132,6 +135,7 @@ results: res
 """
 
 
+@pytest.mark.slow
 def test_frontier_16t_columns_intervals_and_reevaluation(tmp_path):
     (tmp_path / "base.yaml").write_text(BASE)
     (tmp_path / "f.yaml").write_text(FRONTIER)
@@ -194,6 +198,7 @@ def _tiny_study(tmp_path, text: str):
     return study, run_study(study, tmp_path / "runs", progress=False, log=lambda *a: None)
 
 
+@pytest.mark.slow
 def test_solver_matrix_and_paired_changes_from_as_trained(tmp_path):
     study, rows = _tiny_study(tmp_path, SOLVERS)
     assert all("error" not in r for r in rows) and len(rows) == 4
@@ -231,6 +236,7 @@ results: res
 """
 
 
+@pytest.mark.slow
 def test_a_comparison_across_an_axis_is_plotted_and_an_axis_named_model_is_one_column(tmp_path):
     study, rows = _tiny_study(tmp_path, WIDTHS)
     report = write_report(rows, study, study.results).read_text()
@@ -241,6 +247,7 @@ def test_a_comparison_across_an_axis_is_plotted_and_an_axis_named_model_is_one_c
         ["vit − bvit (w8)", "vit − bvit (w16)", "vit − bvit (w24)"]
 
 
+@pytest.mark.slow
 def test_a_study_that_changed_a_run_is_refused(tmp_path):
     (tmp_path / "base.yaml").write_text(BASE)
     (tmp_path / "f.yaml").write_text(FRONTIER.replace("train.seed: [0, 1]", "train.seed: [0]"))
@@ -303,6 +310,7 @@ results: vae_res
 """
 
 
+@pytest.mark.slow
 def test_loopvae_grid_runs_through_the_study_runner(tmp_path):
     from recurvit.vae.config import default_config_path
 
@@ -374,6 +382,7 @@ def test_beyond_horizon_mean_only_when_the_sweep_reaches_4t():
     assert rec["acc_4T"] == 1.0 and rec["acc_mean_T_4T"] == pytest.approx(sum(range(3, 13)) / 12 / 10)
 
 
+@pytest.mark.slow
 def test_a_study_resumes_from_its_results_folder_on_a_machine_without_its_runs(study_file, tmp_path):
     import shutil
 

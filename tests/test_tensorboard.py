@@ -43,6 +43,7 @@ def test_tags():
         "train/stage_losses/1": 1.0, "train/stage_losses/2": 0.5}
 
 
+@pytest.mark.slow
 def test_train_events_equal_metrics_and_continue_on_resume(tmp_path):
     """Deep supervision (per-stage losses), stopped after epoch 2, a stale event of a killed epoch 3,
     resumed to 4 epochs: TensorBoard shows epochs 1..4 once each, equal to metrics.jsonl."""
@@ -116,6 +117,7 @@ def _ddp_worker(rank, world, port, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_ddp_rank0_writes_the_events_with_global_stage_losses(tmp_path):
     """Two gloo processes: one event file (rank 0's), per-stage losses all-reduced (= one process's)."""
     import socket

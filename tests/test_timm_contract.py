@@ -64,6 +64,7 @@ def test_registered_names_are_new_names_without_weights():
     assert set(NAMES) <= set(timm.list_models("bvit_*") + timm.list_models("srvit_*"))
 
 
+@pytest.mark.slow
 def test_import_recurvit_registers_once_timm_is_imported():
     """`import recurvit` imports neither torch nor timm; `import timm` afterwards registers the names."""
     code = ("import sys, recurvit; assert 'torch' not in sys.modules and 'timm' not in sys.modules; import timm; "
@@ -84,6 +85,7 @@ def test_hook_registers_now_when_timm_is_imported_and_never_breaks_timm(monkeypa
         _timm_hook.register()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_pretrained_cfg_resolves_to_real_modules_at_the_default_shape(name):
     imagenet = name.endswith("_224")
@@ -319,6 +321,7 @@ def test_grad_checkpointing_leaves_logits_and_gradients_unchanged(name):
     assert not ckpt.grad_checkpointing and not activation_checkpointing(ckpt)
 
 
+@pytest.mark.slow
 def test_registration_survives_a_find_spec_probe_before_timm_is_imported():
     """Libraries probe importlib.util.find_spec("timm") without importing it; the hook must stay."""
     import subprocess

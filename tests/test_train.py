@@ -22,6 +22,7 @@ def _metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_digits_run_learns_and_writes_its_run_directory(tmp_path):
     m = train(_cfg("train.epochs=6", "train.lr=2e-3"), tmp_path / "run", log=lambda *a: None)
     assert m["test_acc"] > 0.6  # chance is 0.1
@@ -36,6 +37,7 @@ def test_digits_run_learns_and_writes_its_run_directory(tmp_path):
     assert model.cfg.img_size == 8 and model.cfg.in_chans == 1 and model.cfg.num_classes == 10
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted_run(tmp_path):
     cfg = _cfg("train.epochs=4")
     full = train(cfg, tmp_path / "full", log=lambda *a: None)
@@ -59,6 +61,7 @@ def test_existing_run_directory_is_never_overwritten(tmp_path):
     assert (run / "precious.txt").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_checkpoint_errors_are_user_errors(tmp_path):
     train(_cfg("train.epochs=1"), tmp_path / "run", log=lambda *a: None)
     last = (tmp_path / "run" / "last.pt").read_bytes()
@@ -195,6 +198,7 @@ class _Scrambled(torch.utils.data.Dataset):
         return x, (y + 1) % 10
 
 
+@pytest.mark.slow
 def test_best_pt_is_chosen_on_the_validation_split_never_on_the_test_split(tmp_path, monkeypatch):
     import recurvit.tasks.classify as loop
 
@@ -217,6 +221,7 @@ def test_best_pt_is_chosen_on_the_validation_split_never_on_the_test_split(tmp_p
         assert best["epoch"] == vals.index(max(vals)) + 1 and best["val_acc"] == max(vals)
 
 
+@pytest.mark.slow
 def test_eval_of_a_run_without_validation_reads_its_last_epoch(tmp_path, capsys):
     from recurvit.cli import main
 

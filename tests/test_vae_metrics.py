@@ -74,6 +74,7 @@ def _images(seed, shape):
     return x, y
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("net", ["vgg", "alex"])
 def test_lpips_agrees_with_the_lpips_package(net, backbone):
     pytest.importorskip("lpips")
@@ -101,6 +102,7 @@ def test_lpips_agrees_with_the_lpips_package(net, backbone):
         assert torch.equal(ours(x, x), torch.zeros(4)) and torch.equal(wrapped(x, x), torch.zeros(4))
 
 
+@pytest.mark.slow
 def test_lpips_is_a_fixed_metric_that_passes_input_gradients(backbone, lin_file):
     path, _ = backbone("vgg")
     for impl in ("recurvit", "lpips") if lpips_package_weights() else ("recurvit",):
@@ -131,6 +133,7 @@ def test_lpips_without_the_package_falls_back_and_needs_the_linear_file(backbone
     assert m(x, y).shape == (2,) and torch.equal(m(x, x), torch.zeros(2))
 
 
+@pytest.mark.slow
 def test_lpips_rejects_wrong_files(backbone, tmp_path):
     pytest.importorskip("lpips")
     path, _ = backbone("vgg")
