@@ -6,7 +6,9 @@ option sets worth checking for the cores here). For each core and option set:
 - ``block_uses`` (from the config alone) equals the block calls counted in a forward, and
   ``nfe`` their sum;
 - the analytic FLOPs (``analysis.accounting.analytic_flops``) equal the counted FLOPs;
-- ``step_of_call`` (the step a probe is told) equals the step the call runs in.
+- ``step_of_call`` (the step a probe is told) and the ``step`` the core passes to the block
+  (``block(z, step=k)``: what step conditioning and per-step adapters read) equal the step the
+  call runs in.
 """
 from types import SimpleNamespace
 
@@ -51,16 +53,19 @@ def _x():
     return torch.randn(2, TINY["in_chans"], TINY["img_size"], TINY["img_size"], generator=torch.Generator().manual_seed(1))
 
 
-def _calls(model, record=None):
-    """Per-block call counts of the next forwards (a list), and the hooks to remove."""
+def _calls(model, record=None, told=None):
+    """Per-block call counts of the next forwards (a list), and the hooks to remove; ``told``
+    collects the ``step`` each call passes to the block."""
     counts = [0] * len(model.blocks)
     handles = []
     for i, b in enumerate(model.blocks):
-        def hook(_m, _a, i=i):
+        def hook(_m, _a, kwargs, i=i):
             if record is not None:
                 record(sum(counts))
+            if told is not None:
+                told.append(kwargs.get("step"))
             counts[i] += 1
-        handles.append(b.register_forward_pre_hook(hook))
+        handles.append(b.register_forward_pre_hook(hook, with_kwargs=True))
     return counts, handles
 
 
@@ -116,8 +121,8 @@ def test_analytic_flops_equal_the_counted_flops(name, opts):
 def test_step_of_call_is_the_step_the_call_runs_in(name, opts):
     model = _model(name, opts)
     cls, core = model.cfg.core_cls, model.core
-    told, truth, T = [], [], model.nominal_steps
-    counts, handles = _calls(model, record=lambda n: told.append(core.step_of_call(n)))
+    told, passed, truth, T = [], [], [], model.nominal_steps
+    counts, handles = _calls(model, record=lambda n: told.append(core.step_of_call(n)), told=passed)
     with torch.no_grad():
         if cls.cannot_step(model.cfg) is None:  # truth: the advance the call is made in
             s = core.begin(model.blocks, model.embed(_x()))
@@ -140,6 +145,7 @@ def test_step_of_call_is_the_step_the_call_runs_in(name, opts):
     for hd in handles:
         hd.remove()
     assert told and len(told) == len(truth)
+    assert passed == told  # the block is told the step a probe attributes the call to
     if cls.cannot_step(model.cfg) is None or not cls.keeps_states:
         assert told == truth
     else:  # an adaptive solve may evaluate at a grid time t_k, the end of step k or the start of step k + 1

@@ -26,7 +26,13 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
+        """``step``: the 1-based step of the core this application belongs to, told by the core (so a
+        recomputation under activation checkpointing is told the same step); per-step adapters read
+        it through ``self.step_selector`` (layers/lora.py)."""
+        selector = self.__dict__.get("step_selector")
+        if selector is not None and step is not None:
+            selector.step = int(step)
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x

@@ -9,11 +9,11 @@ i of the shared block uses adapter ``selector.index`` -- a step-dependent comput
 n * r * (in + out) extra parameters per layer.
 
 Which adapter a call uses is decided by a ``StepSelector``: a plain object (not a Module) that
-every LoRALinear of a model shares. ``attach_step_selector`` drives it with forward hooks only:
-a pre-hook on ``patch_embed`` (run once per forward pass) resets the block-call counter, a
-pre-hook on the shared block advances it, and ``index = min(calls // calls_per_step, n - 1)``:
-past the trained steps the last adapter is reused (as the step conditioning does). A recurrent
-core calls its block once per step; a fixed-step ODE core ``stages`` times per grid interval.
+every LoRALinear of a model shares. The core tells the shared block which step it runs
+(``block(z, step=k)``, layers/block.py), the block sets ``selector.step`` before its layers run,
+and ``index = min(step - 1, n - 1)``: past the trained steps the last adapter is reused (as the
+step conditioning does). Since the step is an argument of the block call, a recomputation under
+activation checkpointing is told the same step and uses the same adapter.
 
 Merging: ``merge_lora(model)`` folds W + (alpha / r) B A into plain nn.Linear layers (same
 state_dict keys as the original model) -- exact for n = 1. With n > 1 one shared weight cannot
@@ -35,24 +35,16 @@ LORA_TARGETS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 class StepSelector:
     """Shared adapter index for all LoRALinear layers of one model (see module docstring)."""
 
-    def __init__(self, num_adapters: int = 1, calls_per_step: int = 1):
+    def __init__(self, num_adapters: int = 1):
         self.num_adapters = int(num_adapters)
-        self.calls_per_step = max(1, int(calls_per_step))
-        self.calls = 0  # block calls since the last reset (the current call counts once it started)
+        self.step = 1  # the 1-based step of the running block call (set by the block it is attached to)
         self.fixed: Optional[int] = None  # force one adapter (tests, unrolling)
 
     @property
     def index(self) -> int:
         if self.fixed is not None:
             return self.fixed
-        step = max(self.calls - 1, 0) // self.calls_per_step
-        return min(step, self.num_adapters - 1)
-
-    def reset(self) -> None:
-        self.calls = 0
-
-    def advance(self) -> None:
-        self.calls += 1
+        return min(max(self.step - 1, 0), self.num_adapters - 1)
 
 
 class LoRALinear(nn.Linear):
@@ -166,8 +158,6 @@ def merge_lora(model: nn.Module, index: Optional[int] = None) -> nn.Module:
     return model
 
 
-def attach_step_selector(model: nn.Module, selector: StepSelector) -> List[torch.utils.hooks.RemovableHandle]:
-    """Drive ``selector`` from the model's own calls: reset at ``patch_embed``, count shared-block calls."""
-    h1 = model.patch_embed.register_forward_pre_hook(lambda mod, args: selector.reset())
-    h2 = model.blocks[0].register_forward_pre_hook(lambda mod, args: selector.advance())
-    return [h1, h2]
+def attach_step_selector(block: nn.Module, selector: StepSelector) -> None:
+    """The step ``block`` is told in each call (``block(z, step=k)``) picks ``selector``'s adapter."""
+    block.step_selector = selector

@@ -53,17 +53,20 @@ class StepConditioning(nn.Module):
             z = z + self.step_embed[self.index(t)]
         return z
 
-    def update(self, block: Callable, z: torch.Tensor, t: int, x0: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """u(z, t) = s_t * (F(z') - z'): the vector field of the state-subtracted ODE."""
+    def update(self, block: Callable, z: torch.Tensor, t: int, x0: Optional[torch.Tensor] = None,
+               step: Optional[int] = None) -> torch.Tensor:
+        """u(z, t) = s_t * (F(z') - z'): the vector field of the state-subtracted ODE (``step``: the
+        1-based step the block is told, see layers/block.py)."""
         zin = self.block_input(z, t, x0)
-        u = block(zin) - zin
+        u = block(zin, step=step) - zin
         return self.step_scale[self.index(t)] * u if self.kind == "scale" else u
 
-    def output(self, block: Callable, z: torch.Tensor, t: int, x0: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def output(self, block: Callable, z: torch.Tensor, t: int, x0: Optional[torch.Tensor] = None,
+               step: Optional[int] = None) -> torch.Tensor:
         """F applied with conditioning, F_t(z) = z + u(z, t); the black-box ODE field."""
         if self.kind == "none" and not self.reinject:
-            return block(z)
-        return z + self.update(block, z, t, x0)
+            return block(z, step=step)
+        return z + self.update(block, z, t, x0, step)
 
     forward = output  # one discrete recurrence step: z_{t+1} = F_t(z_t)
 

@@ -44,11 +44,11 @@ def step_lora_calls_per_step(model: nn.Module) -> int:
 def attach_adapters(model: nn.Module, spec: Dict[str, Any]) -> StepSelector:
     """Add LoRA adapters to ``model`` as described by ``spec`` (in place), zero-initialised B."""
     n = int(spec.get("num_adapters", 1))
-    selector = StepSelector(n, int(spec.get("calls_per_step", 1)))
+    selector = StepSelector(n)
     blocks = [model.blocks[0]] if n > 1 else list(model.blocks)
     add_lora(blocks, int(spec["rank"]), spec.get("alpha"), n, spec.get("targets", LORA_TARGETS), selector)
-    if n > 1:
-        attach_step_selector(model, selector)
+    if n > 1:  # the core tells the shared block its step; the block sets the adapter
+        attach_step_selector(model.blocks[0], selector)
     model.adapter_spec = dict(spec)
     return selector
 

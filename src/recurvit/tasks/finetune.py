@@ -23,9 +23,8 @@ TensorBoard, best/last): the run directory holds config.yaml (the model config w
 num_classes, the target data and the train settings used), metrics.jsonl, best.pt / last.pt and
 finetune.json (the recipe from the start: method, source, data, rank, alpha; once the last epoch
 is done also trainable / total params, accuracy, wall and CPU seconds). ``train.compile`` and
-``train.activation_checkpointing`` apply as in ``recurvit train``, except that step_lora refuses
-checkpointing (a recomputed block would read the adapter index of the LAST step: the selector
-is read at call time).
+``train.activation_checkpointing`` apply as in ``recurvit train`` (step_lora included: the core
+tells the block its step, so a recomputed block uses the same adapter).
 
 Checkpoints and loading:
 - full / head / scratch / lora: ``best.pt`` holds plain weights (lora: merged, W + (alpha/r) B A,
@@ -192,9 +191,6 @@ class FinetuneTask(ClassifyTask):
         self.build_depth(env)
 
     def prepare_training(self, env, device, log, force=False):
-        if self.method == "step_lora" and self.cfg.train.activation_checkpointing:
-            raise UserError("--method step_lora cannot train with train.activation_checkpointing=true: the "
-                            "recomputed block would read the adapter of the last step; set it false")
         super().prepare_training(env, device, log, force)  # compilation, checkpointing, DDP, the memory check
 
     def run_files(self):

@@ -199,7 +199,8 @@ class ODECore(Core):
 
     def make_field(self, blocks: nn.ModuleList, x0: Optional[torch.Tensor] = None) -> BlockField:
         cls = _AdaptiveBlockField if "callback_accept_step" in SOLVERS[self.method].valid_callbacks() else BlockField
-        return cls(blocks[0], self.cond, self.field, self.step_size, x0, self.time_embed, self._stats)
+        return cls(blocks[0], self.cond, self.field, self.step_size, x0, self.time_embed, self._stats,
+                   self.step_of_call)
 
     def _solve(self, field: BlockField, z: torch.Tensor, t: torch.Tensor, adjoint: bool) -> torch.Tensor:
         params = None

@@ -108,7 +108,8 @@ class BlockField(nn.Module):
 
     def __init__(self, block: nn.Module, cond: StepConditioning, field: str = "state_subtracted",
                  step_size: float = 1.0, x0: Optional[torch.Tensor] = None,
-                 time_embed: Optional[TimeEmbedding] = None, stats: Optional[_Stats] = None):
+                 time_embed: Optional[TimeEmbedding] = None, stats: Optional[_Stats] = None,
+                 step_of_call: Optional[Callable[[int], int]] = None):
         super().__init__()
         if field not in FIELDS:
             raise ValueError(f"field must be one of {', '.join(FIELDS)}; got '{field}'")
@@ -116,6 +117,7 @@ class BlockField(nn.Module):
         self.field, self.h = field, float(step_size)
         self.x0 = x0  # plain tensor attribute (not a buffer)
         self.stats = stats if stats is not None else _Stats()
+        self.step_of_call = step_of_call  # the core's: which 1-based step the n-th evaluation belongs to
 
     def step_index(self, t) -> int:
         """Discrete step k = floor(t / h) whose conditioning applies at time t."""
@@ -129,14 +131,18 @@ class BlockField(nn.Module):
         else:
             self.stats.nfe_adjoint += 1
         k = self.step_index(t) if self.cond.kind != "none" else 0
+        if self.stats.forward and self.step_of_call is not None:
+            step = self.step_of_call(self.stats.nfe - 1)
+        else:  # the adjoint's backward solve: the grid interval of the evaluation's time
+            step = self.step_index(t) + 1
         block = self.block
         if self.time_embed is not None:
             e = self.time_embed(t / self.h).to(z.dtype)
             # block input z' + e; returning F(z' + e) - e keeps the update form u = F(z'') - z''
-            block = lambda zin: self.block(zin + e) - e  # noqa: E731
+            block = lambda zin, step=None: self.block(zin + e, step=step) - e  # noqa: E731
         if self.field == "state_subtracted":
-            return self.cond.update(block, z, k, self.x0)
-        return self.cond.output(block, z, k, self.x0)
+            return self.cond.update(block, z, k, self.x0, step)
+        return self.cond.output(block, z, k, self.x0, step)
 
 
 class _AdaptiveBlockField(BlockField):

@@ -271,7 +271,7 @@ class SoftMoRCore(Core):
             hs, scores = [], []
             for i in range(self.recursions):
                 with grad_ctx(l, steps, grad_last):
-                    z = blocks[l](z)
+                    z = blocks[l](z, step=l + 1)
                 self.nfe += 1
                 if self.mixture == "soft":
                     hs.append(z)
@@ -287,7 +287,7 @@ class SoftMoRCore(Core):
         for c in range(steps):
             with grad_ctx(c, steps, grad_last):
                 for block in blocks:
-                    z = block(z)
+                    z = block(z, step=c + 1)
                     self.nfe += 1
             if self.mixture == "last":
                 yield z

@@ -49,12 +49,12 @@ class Stack(Core):
 
     def _advance(self, state):
         self.nfe += 1
-        return state.blocks[state.k](state.z)
+        return state.blocks[state.k](state.z, step=state.k + 1)
 
     def states(self, blocks, z, steps, grad_last=None):
         self.nfe = 0
         for i in range(steps):
             with grad_ctx(i, steps, grad_last):
-                z = blocks[i](z)
+                z = blocks[i](z, step=i + 1)
             self.nfe += 1
             yield z
