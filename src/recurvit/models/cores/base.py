@@ -28,7 +28,10 @@ never branch on a core's name:
 
 and of an instance: ``states(blocks, z, steps, grad_last)`` (the state after each step, in ONE
 pass), ``nfe`` (block applications of the last forward) and ``step_of_call(n)`` (the 1-based step
-of the n-th block call of the running forward, for probes).
+of the n-th block call of the running forward, for probes). Every block call tells the block its
+step, ``block(z, step=k)`` with k = ``step_of_call`` of that call: per-step adapters read it, and
+a block recomputed under activation checkpointing is told the same step (tests/test_cores.py
+checks all of this for every entry of ``CORES``).
 
 Per-step API (anytime inference, models/adaptive.py): ``s = core.begin(blocks, z)`` starts a forward
 from the embedded tokens and returns a :class:`StepState`; ``core.advance(s)`` applies ONE step to
