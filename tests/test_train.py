@@ -228,3 +228,13 @@ def test_eval_of_a_run_without_validation_reads_its_last_epoch(tmp_path, capsys)
     m = train(_cfg("train.epochs=2"), tmp_path / "run", log=lambda *a: None)
     assert main(["eval", str(tmp_path / "run"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(m["test_acc"])
+
+
+def test_the_header_names_resolution_and_tokens_and_an_upscaling(tmp_path):
+    lines = []
+    train(_cfg("train.epochs=1"), tmp_path / "native", log=lines.append)
+    assert "8x8 px, 4 tokens an image" in lines[0] and not any("upscaled" in ln for ln in lines)
+    lines.clear()
+    train(_cfg("train.epochs=1", "data.img_size=32"), tmp_path / "up", log=lines.append)
+    assert "32x32 px, 64 tokens an image" in lines[0]
+    assert "digits's 8 px images are upscaled 4x to 32 px" in lines[0]

@@ -74,6 +74,12 @@ _DEFAULTS = {
 }
 
 
+def native_size(name: str) -> Optional[int]:
+    """The side of a named data set's own images (None: variable, or not a named data set)."""
+    d = _DEFAULTS.get(name)
+    return d.native_size if d is not None else None
+
+
 class TensorImageDataset(Dataset):
     """In-memory images: uint8 (N, C, H, W) tensor + int64 labels; items are (transform(image), int label)."""
 

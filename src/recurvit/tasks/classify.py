@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..config import RunConfig, as_dict, to_yaml
 from ..errors import UserError
+from ..data.datasets import native_size
 from ..export.preprocessing import data_record
 from ..train import checkpoint as ckpt_io
 from ..train import distributed as dist_io
@@ -251,9 +252,15 @@ class ClassifyTask(Task):
         val_note = (f" / {len(self.val_loader.dataset)} validation, best.pt chosen on it" if self.val_loader is not None
                     else "; no validation split (data.holdout), so no best.pt")
         where = f"device {device}" if not env.enabled else f"{env.world_size} processes ({device.type}, DDP)"
+        size, tokens = model.cfg.img_size, model.patch_embed.num_patches
         line = (f"model {cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)} core, {n_params:,} params, "
                 f"steps={model.nominal_steps}) on {cfg.data.name} ({len(self.train_loader.dataset)} train / "
-                f"{len(self.test_loader.dataset)} test{val_note}), {where}")
+                f"{len(self.test_loader.dataset)} test{val_note}; {size}x{size} px, {tokens:,} tokens an image), {where}")
+        native = native_size(cfg.data.name)
+        if native and size >= 4 * native:
+            line += (f"\nnote: {cfg.data.name}'s {native} px images are upscaled {size / native:g}x to {size} px "
+                     f"({tokens:,} tokens an image with patch_size={model.cfg.patch_size}); set data.img_size="
+                     f"{native} (and a smaller model.patch_size) to train at the native size")
         if cfg.train.warmup_epochs >= cfg.train.epochs:
             line += (f"\nnote: train.warmup_epochs={cfg.train.warmup_epochs:g} >= train.epochs={cfg.train.epochs}: the "
                      f"learning rate never reaches train.lr={cfg.train.lr:g} (lower train.warmup_epochs)")
