@@ -1,6 +1,7 @@
 """One module per CLI command: ``add_parser(subparsers)`` and ``run(args)``."""
 import json
 import sys
+from pathlib import Path
 from typing import Dict, List
 
 from ..errors import UserError
@@ -33,6 +34,37 @@ def add_force_arg(p) -> None:
     """``--force``: run even when the time / memory estimate (train/budget.py) says it will not fit."""
     p.add_argument("--force", action="store_true", help="run even when the time or memory estimate is far beyond "
                                                        "this machine")
+
+
+def add_run_args(p, what: str = "run directory or checkpoint") -> None:
+    """RUN, ``--data-root``, ``--force`` and ``--device``: what every command that reads a trained run takes."""
+    p.add_argument("run", type=Path, help=what)
+    p.add_argument("--data-root", help="where the run's data set lives now (overrides data.root)")
+    add_force_arg(p)
+    add_device_arg(p)
+
+
+def open_trained(args, **options):
+    """(model on its device, config, device, test loader, data info) of the run a command reads: the model with
+    its weights (``options``: core options to run it with; NaN weights refused), ``--data-root``
+    applied, the device of ``--device`` and the run's test split."""
+    from ..train.checkpoint import check_finite, load_model_and_config
+    from ..train.runtime import build_test_loader, pick_device
+
+    model, cfg = load_model_and_config(args.run, **options)
+    check_finite(model, args.run)  # NaN weights would report meaningless figures (a constant argmax)
+    apply_data_root(cfg, getattr(args, "data_root", None))
+    device = pick_device(args.device)
+    test_loader, info = build_test_loader(cfg)
+    return model.to(device), cfg, device, test_loader, info
+
+
+def check_cost(model, loader, device, steps: int, batches: int, args) -> None:
+    """The time / memory estimate of ``batches`` batches at ``steps`` steps (``--force`` overrides)."""
+    from ..train.budget import check_eval_cost
+
+    check_eval_cost(model, next(iter(loader))[0].to(device), steps, batches,
+                    keeps_states=model.core.keeps_states, force=args.force)
 
 
 def fmt_int(n) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import apply_data_root, add_device_arg, add_force_arg, parse_overrides, print_json
+from . import add_device_arg, add_force_arg, check_cost, open_trained, parse_overrides, print_json
 
 
 def add_parser(sub):
@@ -24,24 +24,15 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..errors import UserError
-    from ..train.budget import check_eval_cost
-    from ..train.checkpoint import check_finite, load_model_and_config
     from ..tasks.classify import evaluate
-    from ..train.runtime import build_test_loader, pick_device
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     options = parse_overrides(args.options)
-    model, cfg = load_model_and_config(args.run, **options)
-    check_finite(model, args.run)  # NaN weights would report a meaningless accuracy (a constant argmax)
-    apply_data_root(cfg, args.data_root)
-    device = pick_device(args.device)
-    model.to(device)
-    test_loader, _ = build_test_loader(cfg)
+    model, cfg, device, test_loader, _ = open_trained(args, **options)
     steps = args.steps or model.nominal_steps
     try:
-        check_eval_cost(model, next(iter(test_loader))[0].to(device), steps, len(test_loader),
-                        keeps_states=model.core.keeps_states, force=args.force)
+        check_cost(model, test_loader, device, steps, len(test_loader), args)
         res = evaluate(model, test_loader, device, steps=steps, amp=cfg.train.amp, progress=not args.json)
     except ValueError as e:
         raise UserError(str(e)) from None

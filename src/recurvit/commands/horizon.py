@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import add_device_arg, add_force_arg, print_json
+from . import add_device_arg, add_force_arg, check_cost, open_trained, print_json
 
 
 def add_parser(sub):
@@ -15,6 +15,7 @@ def add_parser(sub):
     p.add_argument("--max-steps", type=int, metavar="K",
                    help="steps to sweep (default 16T; a stack or SoftMoR model stops at its depth)")
     p.add_argument("--out", type=Path, help="directory for horizon.csv / horizon.png (default: the run directory)")
+    p.add_argument("--data-root", help="where the run's data set lives now (overrides data.root)")
     add_force_arg(p)
     add_device_arg(p)
     p.add_argument("--json", action="store_true", help="print the summary and the sweep as JSON")
@@ -24,24 +25,17 @@ def add_parser(sub):
 def run(args) -> int:
     from ..analysis.horizon import horizon_sweep, plot, summarize, write_csv
     from ..errors import UserError
-    from ..train.budget import check_eval_cost
-    from ..train.checkpoint import load_model_and_config
-    from ..train.runtime import build_test_loader, pick_device
 
     if args.max_steps is not None and args.max_steps < 1:
         raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
-    model, cfg = load_model_and_config(args.run)
+    model, cfg, device, test_loader, info = open_trained(args)
     T = model.nominal_steps
     K = args.max_steps or 16 * T
     note = None
     if model.core.limit is not None and K > model.core.limit:
         note = f"this {model.cfg.core} model runs at most {model.core.limit} steps; K capped"
         K = model.core.limit
-    device = pick_device(args.device)
-    model.to(device)
-    test_loader, info = build_test_loader(cfg)
-    check_eval_cost(model, next(iter(test_loader))[0].to(device), K, len(test_loader),
-                    keeps_states=model.core.keeps_states, force=args.force)
+    check_cost(model, test_loader, device, K, len(test_loader), args)
     sweep = horizon_sweep(model, test_loader, device, K, progress=not args.json)
     out_dir = args.out or (args.run if args.run.is_dir() else args.run.parent)
     out_dir.mkdir(parents=True, exist_ok=True)

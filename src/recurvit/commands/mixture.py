@@ -3,17 +3,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import add_device_arg, print_json
+from . import add_run_args, check_cost, open_trained, print_json
 
 
 def add_parser(sub):
     p = sub.add_parser("mixture", help="SoftMoR: picture of the token-wise mixture weights over recursion steps",
                        description="Saves mixture.png (weights of each recursion step over the patch grid for a few "
                                    "test images) and mixture_mean.csv (mean weight per unit and step over the test set).")
-    p.add_argument("run", type=Path, help="run directory of a SoftMoR (srvit_*) model")
+    add_run_args(p, "run directory of a SoftMoR (srvit_*) model")
     p.add_argument("--examples", type=int, default=4, help="test images drawn in mixture.png (default 4)")
     p.add_argument("--out", type=Path, help="output directory (default: the run directory)")
-    add_device_arg(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
@@ -21,16 +20,11 @@ def add_parser(sub):
 def run(args) -> int:
     from ..analysis.mixture import mixture_weights, plot_mixture, write_mean_csv
     from ..errors import UserError
-    from ..train.checkpoint import load_model_and_config
-    from ..train.runtime import build_test_loader, pick_device
-
     if args.examples < 1:
         raise UserError(f"--examples must be >= 1, got {args.examples}")
-    model, cfg = load_model_and_config(args.run)
-    device = pick_device(args.device)
-    model.to(device)
-    test_loader, info = build_test_loader(cfg)
+    model, cfg, device, test_loader, info = open_trained(args)
     try:
+        check_cost(model, test_loader, device, model.nominal_steps, len(test_loader), args)
         res = mixture_weights(model, test_loader, device, images=args.examples)
     except ValueError as e:
         raise UserError(str(e)) from None
