@@ -14,6 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from conftest import gloo_group
 from torch.utils.data import DataLoader, RandomSampler
 
 from recurvit.config import load_config
@@ -78,16 +80,10 @@ def test_sharded_batches_split_the_single_process_batches():
 
 
 def _worker(rank, world, port, overrides, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         cfg = load_config(None, overrides)
         train(cfg, out, log=lambda *a: None, stop_after=2)  # interrupted after epoch 2 ...
         train(load_config(out + "/config.yaml"), out, resume=True, log=lambda *a: None)  # ... resumed by all ranks
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
@@ -167,14 +163,8 @@ VAE_RUN = ["data.img_size=16", "data.train_crops=64", "data.max_test=32", "model
 def _vae_worker(rank, world, port, overrides, out):
     from recurvit.vae import load_vae_config, train_vae
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         train_vae(load_vae_config(None, overrides), out, log=lambda *a: None)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

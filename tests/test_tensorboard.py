@@ -102,19 +102,10 @@ DDP_SMALL = ["model.name=bvit_tiny", "model.embed_dim=24", "model.num_heads=2", 
 
 
 def _ddp_worker(rank, world, port, out):
-    import os
+    from conftest import gloo_group
 
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         train(load_config(None, DDP_SMALL), out, log=lambda *a: None)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
