@@ -149,7 +149,8 @@ class _Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-def payload_trials(tmp: Path, trained: Path) -> list:
+def payload_trials(tmp: Path, runs: dict) -> list:
+    """``runs``: a trained run of each kind ("classify", "finetune", "vae"); each payload goes into a copy."""
     import torch
 
     trials = []
@@ -161,10 +162,10 @@ def payload_trials(tmp: Path, trained: Path) -> list:
         trials.append({"payload": what, "executed": marker.exists(), "exit": r.returncode,
                        "message": (r.stderr.strip().splitlines() or [""])[-1][:160]})
 
-    def run_with(name, writer):
+    def run_with(kind, name, writer):
         def make(marker):
             run = tmp / f"evil-run-{len(trials)}"
-            shutil.copytree(trained, run)
+            shutil.copytree(runs[kind], run)
             writer(run / name, marker)
             return run
         return make
@@ -176,18 +177,18 @@ def payload_trials(tmp: Path, trained: Path) -> list:
         with open(path, "wb") as f:
             pickle.dump({"model": _Payload(marker)}, f)
 
-    for name, writer in (("last.pt", torch_pickle), ("last.pt", plain_pickle), ("best.pt", torch_pickle),
-                         ("best.pt", plain_pickle)):
-        kind = "torch.save" if writer is torch_pickle else "pickle.dump"
-        if name == "last.pt":
-            one(f"{kind} in last.pt, train --resume", run_with(name, writer), ["train", "--resume", "TARGET"])
-            one(f"{kind} in last.pt, vae train --resume", run_with(name, writer), ["vae", "train", "--resume", "TARGET"])
-            one(f"{kind} in last.pt, finetune --resume", run_with(name, writer), ["finetune", "--resume", "TARGET"])
-        else:
-            for cmd in (["eval", "TARGET"], ["horizon", "TARGET", "--max-steps", "2"], ["analyze", "TARGET"],
-                        ["predict", "TARGET", str(tmp)], ["export", "TARGET", "--format", "hf", str(tmp / "x")],
-                        ["finetune", "TARGET", "--data", "digits"], ["vae", "eval", "TARGET"], ["exit", "TARGET"]):
-                one(f"{kind} in best.pt, {cmd[0]}", run_with(name, writer), cmd)
+    slots = [("classify", "last.pt", ["train", "--resume", "TARGET"]),
+             ("finetune", "last.pt", ["finetune", "--resume", "TARGET"]),
+             ("vae", "last.pt", ["vae", "train", "--resume", "TARGET"]),
+             ("vae", "last.pt", ["vae", "eval", "TARGET"])]
+    slots += [("classify", "best.pt", cmd) for cmd in (
+        ["eval", "TARGET"], ["horizon", "TARGET", "--max-steps", "2"], ["analyze", "TARGET"], ["mixture", "TARGET"],
+        ["predict", "TARGET", str(tmp)], ["export", "TARGET", "--format", "hf", str(tmp / "x")],
+        ["finetune", "TARGET", "--data", "digits"], ["exit", "TARGET"])]
+    for writer, kind_name in ((torch_pickle, "torch.save"), (plain_pickle, "pickle.dump")):
+        for run_kind, name, cmd in slots:
+            one(f"{kind_name} in a {run_kind} run's {name}, {' '.join(c for c in cmd[:2] if c != 'TARGET')}",
+                run_with(run_kind, name, writer), cmd)
 
     def yaml_file(path_fn):
         def make(marker):
@@ -202,7 +203,7 @@ def payload_trials(tmp: Path, trained: Path) -> list:
 
     def evil_config(marker):
         run = tmp / f"evil-cfg-{len(trials)}"
-        shutil.copytree(trained, run)
+        shutil.copytree(runs["classify"], run)
         (run / "config.yaml").write_text(f"model: !!python/object/apply:os.system ['touch {marker}']\n")
         return run
     one("YAML tag in a run's config.yaml, train --resume", evil_config, ["train", "--resume", "TARGET"])
@@ -291,10 +292,18 @@ def main() -> int:
         r = cli("train", *TINY, "train.epochs=2", "data.holdout=0.1", "--out", trained)
         if r.returncode != 0:
             raise SystemExit(r.stderr)
-        bad = bad_input_trials(tmp / "bad", trained) if (tmp / "bad").mkdir() is None else []
-        payloads = payload_trials(tmp / "payload", trained) if (tmp / "payload").mkdir() is None else []
-        kills = kill_trials(tmp / "kills", args.kills, rng) if (tmp / "kills").mkdir() is None else []
-        report(kills, payloads, bad, args.out)
+        runs = {"classify": trained, "finetune": tmp / "trained-ft", "vae": tmp / "trained-vae"}
+        for r in (cli("finetune", trained, "--data", "digits", "--method", "lora", "train.epochs=1", "--out",
+                      runs["finetune"]), cli("vae", "train", *VAE, "train.epochs=1", "--out", runs["vae"])):
+            if r.returncode != 0:
+                raise SystemExit(r.stderr)
+        for part in ("bad", "payload", "kills"):
+            (tmp / part).mkdir()
+        bad = bad_input_trials(tmp / "bad", trained)
+        payloads = payload_trials(tmp / "payload", runs)
+        kills = kill_trials(tmp / "kills", args.kills, rng)
+        hide = lambda rows: json.loads(json.dumps(rows).replace(str(tmp), "TMP"))  # noqa: E731
+        report(hide(kills), hide(payloads), hide(bad), args.out)
     return 0
 
 

@@ -73,7 +73,11 @@ def test_python_predict_and_unreadable_files(run, pngs, tmp_path, capsys):
     assert "skipped" in err and "broken.png" in err and "1 of 2 files skipped" in err
     assert (tmp_path / "p.csv").read_text().splitlines()[0] == "image,rank,label,prob"
     (tmp_path / "ok.png").unlink()
+    (tmp_path / "p.csv").unlink()
+    capsys.readouterr()
     assert main(["predict", str(run), str(tmp_path)]) == 2  # nothing readable: one line, exit 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "none of the 1 files" in err and "broken.png" in err, err
 
 
 @pytest.mark.slow

@@ -261,6 +261,7 @@ def test_resume_of_a_finished_run_whose_checkpoint_kept_no_metrics(trained, tmp_
     (["train.batch_size=10000000000"], "must be <= 1,000,000,000"),
     (["model.steps=1000000000"], "1,000,000,000 steps"),  # activations no machine holds
     (["model.embed_dim=1000000", "model.num_heads=1"], "parameters"),  # counted on the meta device
+    (["--nproc", "0"], "--nproc must be >= 1"),  # trained in one process before, silently
 ])
 def test_user_mistakes_are_one_line(tmp_path, capsys, args, needle):
     out = [] if "--out" in args else ["--out", tmp_path / "r"]

@@ -41,10 +41,12 @@ def run(args) -> int:
                         "train it again with this recurvit (checkpoints now keep it)")
     model.to(pick_device(args.device))
     pairs, bad = read_images(image_files(args.images))
+    if not pairs:  # one line: the first file's reason (the others are alike or listed with a readable one)
+        name, why = bad[0] if bad else ("", "")
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise UserError(f"none of the {len(bad)} files given could be read as an image: {name!r}: {why}{more}")
     for name, why in bad:
         print(f"skipped {name!r}: {why}", file=sys.stderr)
-    if not pairs:
-        raise UserError(f"none of the {len(bad)} files given could be read as an image")
     preds = predict(model, [im for _, im in pairs], topk=args.topk, steps=args.steps, batch_size=args.batch_size,
                     names=[n for n, _ in pairs])
     if args.json:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import load_config
+from ..errors import UserError
 from . import launch_processes, load_run_config, print_json
 
 
@@ -46,6 +47,8 @@ def run(args) -> int:
         print(to_yaml(resolve_model_config(cfg, info)), end="")
         return 0
     out = args.resume if args.resume is not None else args.out
+    if args.nproc is not None and args.nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {args.nproc}")
     if args.nproc is not None and args.nproc > 1:
         return launch_processes(args, cfg, out, ["train"])
     with dist_io.session(cfg.train.device) as env:

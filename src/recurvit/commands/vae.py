@@ -118,6 +118,8 @@ def _train(args) -> int:
 
     cfg = load_run_config(args, load_vae_config, default_config_path())
     out = args.resume if args.resume is not None else args.out
+    if args.nproc is not None and args.nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {args.nproc}")
     if args.nproc is not None and args.nproc > 1:
         return launch_processes(args, cfg, out, ["vae", "train"])
     with dist_io.session(cfg.train.device) as env:
