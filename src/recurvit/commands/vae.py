@@ -45,7 +45,11 @@ def add_parser(sub):
                                    "scikit-learn's sample photographs).")
     vs = p.add_subparsers(dest="vae_command", metavar="SUBCOMMAND", parser_class=type(p))
 
-    t = vs.add_parser("train", help="train a LoopVAE (default: the embedded photographs config)")
+    t = vs.add_parser("train", help="train a LoopVAE (default: the embedded photographs config)",
+                      description="Trains a LoopVAE (or its unshared reference) into a run directory: config.yaml, "
+                                  "metrics.jsonl (train loss, test PSNR / SSIM, the mean-image baseline), last.pt. "
+                                  "No best.pt: the run has no validation split, so evaluation reads the last epoch. "
+                                  "--resume RUN continues a run; --nproc N trains data-parallel under torchrun.")
     t.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
                    help="optional YAML config, then dotted overrides such as train.epochs=5 model.name=vae_unshared")
     t.add_argument("--out", type=Path, help="run directory (default runs/<data>-<model>-<time>)")
@@ -55,7 +59,10 @@ def add_parser(sub):
                    help="train data-parallel in N processes (launches torchrun --standalone --nproc_per_node N); "
                         "train.batch_size is the global batch")
 
-    e = vs.add_parser("eval", help="PSNR / SSIM (LPIPS / rFID with local weights) and a reconstruction grid")
+    e = vs.add_parser("eval", help="PSNR / SSIM (LPIPS / rFID with local weights) and a reconstruction grid",
+                      description="Reconstructs the run's test split with the posterior mean and reports PSNR, "
+                                  "SSIM, L1 and KL (LPIPS and rFID when their weight files are given, nothing is "
+                                  "downloaded) against the mean-image baseline; writes recon_grid.png.")
     e.add_argument("run", type=Path, help="VAE run directory or checkpoint")
     _run_opts(e)
     e.add_argument("--lpips-weights", help="LPIPS linear layers (the lpips package's weights/v0.1/vgg.pth)")
@@ -66,7 +73,11 @@ def add_parser(sub):
     e.add_argument("--grid", type=Path, help="PNG of originals over reconstructions (default RUN/recon_grid.png)")
     e.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    i = vs.add_parser("intervene", help="loop interventions: fewer / extra loops, one loop's update scaled")
+    i = vs.add_parser("intervene", help="loop interventions: fewer / extra loops, one loop's update scaled",
+                      description="Re-runs a trained LoopVAE with its recurrence changed at test time: loops "
+                                  "removed (--truncate) or added (--extra) at every scale, or one loop's update "
+                                  "h <- h + f * (core(h) - h) scaled by each --factors value; one PSNR / SSIM row "
+                                  "each in intervene.csv and intervene.png.")
     i.add_argument("run", type=Path, help="VAE run directory or checkpoint")
     i.add_argument("--truncate", default="1,2", help="loops removed at every scale, one row each (default 1,2)")
     i.add_argument("--extra", default="1,2,4", help="loops added at every scale, one row each (default 1,2,4)")
@@ -77,7 +88,10 @@ def add_parser(sub):
     _run_opts(i, loops=False)
     i.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    f = vs.add_parser("profile", help="stored params vs time per image and FLOPs: LoopVAE vs unshared reference")
+    f = vs.add_parser("profile", help="stored params vs time per image and FLOPs: LoopVAE vs unshared reference",
+                      description="For each operator, builds the LoopVAE of a config and its unshared reference "
+                                  "(the same execution graph with a block per application) and times them side by "
+                                  "side: stored and effective parameters, FLOPs and milliseconds per image.")
     f.add_argument("args", nargs="*", metavar="[CONFIG.yaml|RUN_DIR] [key=value ...]",
                    help="a config (default: the embedded one) or a run directory, then model overrides")
     f.add_argument("--operators", default="conv,transformer", help="operators to profile (default conv,transformer)")
