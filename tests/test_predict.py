@@ -104,6 +104,11 @@ def test_export_hf_loads_in_timm_and_recurvit_with_the_same_logits(tmp_path, mod
     assert again.pretrained_cfg["label_names"] == [str(i) for i in range(10)]
     capsys.readouterr()
     assert main(["export", str(run), "--format", "hf", str(tmp_path / "hf")]) == 2  # never over an export
+    capsys.readouterr()
+    assert main(["eval", str(run), "--json"]) == 0
+    from_run = json.loads(capsys.readouterr().out)
+    assert main(["eval", str(tmp_path / "hf"), "--json"]) == 0  # the exported folder evaluates as its run
+    assert json.loads(capsys.readouterr().out)["accuracy"] == from_run["accuracy"]
 
 
 @pytest.mark.slow

@@ -45,13 +45,21 @@ def add_run_args(p, what: str = "run directory or checkpoint") -> None:
 
 
 def open_trained(args, **options):
-    """(model on its device, config, device, test loader, data info) of the run a command reads: the model with
+    """(model on its device, config, device, test loader, data info) of the run (or exported folder) a
+    command reads: the model with
     its weights (``options``: core options to run it with; NaN weights refused), ``--data-root``
     applied, the device of ``--device`` and the run's test split."""
+    from ..export.hf import hf_run_config, is_hf_folder, load_hf
     from ..train.checkpoint import check_finite, load_model_and_config
     from ..train.runtime import build_test_loader, pick_device
 
-    model, cfg = load_model_and_config(args.run, **options)
+    if is_hf_folder(args.run):  # a folder written by `recurvit export --format hf`
+        if options:
+            raise UserError(f"core options ({', '.join(options)}) apply to a run directory, not to an exported "
+                            f"folder; evaluate the run {args.run} came from")
+        model, cfg = load_hf(args.run), hf_run_config(args.run)
+    else:
+        model, cfg = load_model_and_config(args.run, **options)
     check_finite(model, args.run)  # NaN weights would report meaningless figures (a constant argmax)
     apply_data_root(cfg, getattr(args, "data_root", None))
     device = pick_device(args.device)

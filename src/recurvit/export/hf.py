@@ -65,6 +65,21 @@ def is_hf_folder(path: Path) -> bool:
     return (Path(path) / "config.json").is_file() and (Path(path) / "model.safetensors").is_file()
 
 
+def hf_run_config(path: Path):
+    """The run config an evaluation of an exported folder needs: the model's name and classes, and the
+    data set (name and root) it was trained on, as the folder's config.json records them."""
+    from ..config import DataConfig, ModelConfig, RunConfig
+    from ..errors import UserError
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    data = (config.get("recurvit") or {}).get("data")
+    if not data or not data.get("name"):
+        raise UserError(f"{path} does not say which data set its model was trained on (exported by an older "
+                        "recurvit?); evaluate the run directory it came from")
+    return RunConfig(model=ModelConfig(name=config["recurvit"]["model"], num_classes=config.get("num_classes")),
+                     data=DataConfig(name=data["name"], root=data.get("root")))
+
+
 def load_hf(path: Path):
     """A folder written by :func:`export_hf`, as recurvit's model with its preprocessing."""
     from safetensors.torch import load_file
