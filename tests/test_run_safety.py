@@ -301,6 +301,33 @@ def test_piped_output_is_one_line_per_epoch_and_no_progress_bar(tmp_path):
     assert [ln.split()[1] for ln in lines[1:-1]] == ["1/3", "2/3", "3/3"]
 
 
+def test_long_work_in_a_pipe_prints_a_progress_line_at_a_steady_interval(monkeypatch, capsys):
+    from tqdm.auto import tqdm
+
+    from recurvit.train import runtime
+
+    monkeypatch.setattr(runtime.sys.stderr, "isatty", lambda: False, raising=False)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.setattr(runtime, "PIPE_INTERVAL", 0.05)
+    for _ in tqdm(range(8), desc="sweeping", leave=False, **runtime.bar_options(True)):
+        runtime.time.sleep(0.03)
+    lines = capsys.readouterr().err.splitlines()
+    assert 1 <= len(lines) <= 8 and all(ln.startswith("sweeping") and "\r" not in ln for ln in lines), lines
+    monkeypatch.setattr(runtime, "PIPE_INTERVAL", 60.0)  # short work in a pipe: silent
+    for _ in tqdm(range(8), desc="short", leave=False, **runtime.bar_options(True)):
+        pass
+    assert capsys.readouterr().err == ""
+    assert runtime.bar_options(False) == {"disable": True}
+
+
+def test_train_log_every_writes_timm_style_lines(tmp_path, capsys):
+    res = run_main("train", *TINY, "train.epochs=1", "train.batch_size=64", "train.log_every=10", "--out",
+                   tmp_path / "r", capsys=capsys)
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("Train: 1 [")]
+    assert len(lines) == 2 and "[10/23 (43%)]" in lines[0] and "loss" in lines[0] and "lr" in lines[0], lines
+
+
 def test_tqdm_disable_is_honoured_even_on_a_terminal(monkeypatch):
     from recurvit.train import runtime
 
@@ -312,8 +339,8 @@ def test_tqdm_disable_is_honoured_even_on_a_terminal(monkeypatch):
 
 
 def test_every_progress_bar_asks_whether_someone_watches(monkeypatch):
-    """Each tqdm in the package is gated by runtime.show_progress (a terminal, no --json, no
-    TQDM_DISABLE); analyze's and vae intervene's bars once were not."""
+    """Each tqdm in the package is gated by runtime.show_progress or bar_options (a terminal, no --json,
+    no TQDM_DISABLE); analyze's and vae intervene's bars once were not."""
     import re
     from pathlib import Path
 
@@ -326,7 +353,8 @@ def test_every_progress_bar_asks_whether_someone_watches(monkeypatch):
         text = f.read_text()
         for m in re.finditer(r"\btqdm\(", text):
             body = text[max(0, text.rfind("\ndef ", 0, m.start())):m.start() + 300]
-            assert "show_progress(" in body, f"{f.relative_to(src)}: a progress bar not gated by show_progress"
+            assert "show_progress(" in body or "bar_options(" in body, \
+                f"{f.relative_to(src)}: a progress bar not gated by show_progress / bar_options"
     monkeypatch.setattr(runtime.sys.stderr, "isatty", lambda: False, raising=False)
     items = [1, 2, 3]
     assert per_step._progress(items, True, "x") is items  # piped: the plain iterable, no bar

@@ -105,7 +105,8 @@ class TrainConfig:
     eval_every: int = 1  # epochs between test evaluations
     compile: bool = False
     activation_checkpointing: bool = False
-    progress: bool = True  # tqdm bars
+    progress: bool = True  # tqdm bars on a terminal; in a pipe or log, a progress line every minute
+    log_every: int = 0  # > 0: a `Train: epoch [i/N]` log line every N batches (cluster logs); 0: none
     tensorboard: bool = False  # also write TensorBoard event files in RUN/tb (needs the [tb] extra)
     supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
     depth: DepthConfig = field(default_factory=DepthConfig)

@@ -22,7 +22,7 @@ def horizon_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_
     (``progress``: a bar over the batches, shown only on a terminal)."""
     from tqdm.auto import tqdm
 
-    from ..train.runtime import show_progress
+    from ..train.runtime import bar_options
 
     model.eval()
     K = max_steps
@@ -31,7 +31,7 @@ def horizon_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_
     correct = torch.zeros(K, dtype=torch.float64)
     change = torch.zeros(K, dtype=torch.float64)
     bar = tqdm(total=len(loader) * K, desc=f"sweeping {K} steps", unit="step", leave=False,
-               disable=not show_progress(progress))
+               **bar_options(progress))
     for x, y in loader:
         x, y = x.to(device), y.to(device)
         prev = model.embed(x)

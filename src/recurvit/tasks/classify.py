@@ -30,7 +30,7 @@ from ..train.checks import Diverged, check_train_config, out_of_memory
 from ..train.fit import fit
 from ..train.losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
 from ..train.optim import build_optimizer, build_scheduler, optimizer_step
-from ..train.runtime import autocast, build_loaders, build_val_loader, resolve_model_config, set_epoch, show_progress
+from ..train.runtime import autocast, bar_options, build_loaders, build_val_loader, resolve_model_config, set_epoch
 from .base import Task
 
 
@@ -47,7 +47,7 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, steps: Op
     n, loss_sum, correct = 0, 0.0, 0
     k = model.core.check_steps(steps)
     bar = tqdm(total=len(loader) * k, desc=f"evaluating at {k} steps", unit="step", leave=False,
-               disable=not show_progress(progress))
+               **bar_options(progress))
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, amp):
@@ -81,18 +81,18 @@ class StepsForward(nn.Module):
 
 def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: DepthSampler,
                     batch_transform=None, epoch: int = 0, forward: Optional[Callable] = None,
-                    env: dist_io.DistEnv = dist_io.SINGLE) -> Dict[str, float]:
+                    env: dist_io.DistEnv = dist_io.SINGLE, log: Optional[Callable] = None) -> Dict[str, float]:
     """One pass over ``loader``. ``forward`` (default ``model.forward_steps``) is the DDP-wrapped
-    forward under several processes; the returned figures are then sums over all ranks."""
+    forward under several processes; the returned figures are then sums over all ranks. With
+    ``train.log_every=N``, ``log`` gets a line every N batches."""
     model.train()
     forward = model.forward_steps if forward is None else forward
     tc = cfg.train
     weights = stage_weights(tc.supervision.weights, tc.supervision.stages if tc.supervision.stages > 1 else 1)
     n, loss_sum, correct, t0 = 0, 0.0, 0, time.perf_counter()
     stage_sums, stage_n = [], []  # deep supervision: each readout's loss (summed x batch) and images
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False,
-               disable=not (show_progress(tc.progress) and env.is_main), dynamic_ncols=True)
-    for x, y in bar:
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False, **bar_options(tc.progress and env.is_main))
+    for i, (x, y) in enumerate(bar, 1):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         target = y
         if batch_transform is not None:
@@ -133,6 +133,10 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
             stage_n[i] += step_n
         bar.set_postfix(loss=f"{loss_sum / n:.3f}", acc=f"{correct / n:.3f}",
                         img_s=f"{n / (time.perf_counter() - t0):.0f}")
+        if tc.log_every and i % tc.log_every == 0 and env.is_main and log is not None:  # timm's cluster-log lines
+            log(f"Train: {epoch + 1} [{i:>{len(str(len(loader)))}}/{len(loader)} ({100 * i / len(loader):.0f}%)]  "
+                f"loss {loss_sum / n:.4f}  acc {correct / n:.4f}  lr {sched.get_last_lr()[0]:.3g}  "
+                f"{n / (time.perf_counter() - t0):.0f} img/s")
     secs = time.perf_counter() - t0
     out = {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1), "img_per_s": n / secs, "seconds": secs}
     if stage_sums:  # the unweighted loss of each readout, earliest first (a new key: runs without stages lack it)
@@ -174,7 +178,7 @@ class ClassifyTask(Task):
 
     # ---------------------------------------------------------------- building
     def setup(self, env, device, log, force=False):
-        self.device, self.env = device, env
+        self.device, self.env, self.log = device, env, log
         self.train_loader, self.test_loader, self.info = build_loaders(self.cfg, env=env, log=log)
         self.val_loader = build_val_loader(self.cfg, self.train_loader, self.test_loader, env)
         self.cfg = resolve_model_config(self.cfg, self.info)
@@ -275,7 +279,7 @@ class ClassifyTask(Task):
 
     def train_epoch(self, epoch, env):
         m = train_one_epoch(self.model, self.train_loader, self.opt, self.sched, self.device, self.cfg, self.depth,
-                            self.batch_transform, epoch, forward=self.forward, env=env)
+                            self.batch_transform, epoch, forward=self.forward, env=env, log=self.log)
         return {"lr": self.sched.get_last_lr()[0], **m}
 
     def evaluate(self, env):

@@ -181,7 +181,7 @@ class FinetuneTask(ClassifyTask):
         self.val_loader = build_val_loader(cfg, self.train_loader, self.test_loader, env)
 
     def setup(self, env, device, log, force=False):
-        self.device, self.env = device, env
+        self.device, self.env, self.log = device, env, log
         self.build_model(env, device, force)  # the loaders first: the model follows the target's classes
         self.steps_per_epoch = len(self.train_loader)
         from ..train.optim import build_optimizer, build_scheduler

@@ -29,7 +29,7 @@ from ..train import distributed as dist_io
 from ..train.checks import Diverged
 from ..train.fit import fit
 from ..train.optim import build_optimizer, build_scheduler, optimizer_step
-from ..train.runtime import autocast, show_progress
+from ..train.runtime import autocast, bar_options
 from ..train.tensorboard import require_tensorboard
 from ..vae.config import VAERunConfig, as_dict, config_from_dict, to_yaml
 from ..vae.data import build_vae_datasets, mean_image
@@ -198,8 +198,7 @@ def _train_one_epoch(forward, model, loader, opt, sched, device, cfg: VAERunConf
     tc = cfg.train
     sums = {"loss": 0.0, "recon": 0.0, "kl": 0.0, "lpips": 0.0, "g_adv": 0.0, "d_loss": 0.0}
     n, t0 = 0, time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False,
-               disable=not (show_progress(tc.progress) and env.is_main), dynamic_ncols=True)
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False, **bar_options(tc.progress and env.is_main))
     for x in bar:
         x = x.to(device, non_blocking=True)
         adv_on = disc is not None and step >= tc.adv.start_step
