@@ -137,3 +137,15 @@ def test_every_subcommand_help_shows_its_defaults(capsys):
     with _pytest.raises(SystemExit):
         main(["eval", "--help"])
     assert "(default: auto)" in capsys.readouterr().out
+
+
+def test_eval_with_a_data_or_train_key_names_the_real_reason(tmp_path, capsys):
+    from recurvit.cli import main
+
+    run = tmp_path / "r"
+    assert main(["train", "model.embed_dim=24", "model.num_heads=2", "model.steps=2", "train.epochs=1",
+                 "train.progress=false", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "data.name=fashion_mnist"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "eval takes core options" in err and "core" in err, err

@@ -178,3 +178,9 @@ def test_invalid_api_arguments_are_value_errors():
     with pytest.raises(ValueError, match="depth=3 does not apply"):
         create_model("bvit_tiny", depth=3)
     assert issubclass(UserError, ValueError)
+
+
+def test_pretrained_weights_are_refused_with_the_real_reason():
+    with pytest.raises(ValueError, match="ships no pretrained weights"):
+        create_model("bvit_tiny", pretrained=True)
+    assert create_model("bvit_tiny", pretrained=False, **TINY) is not None  # timm's spelling of "no weights"

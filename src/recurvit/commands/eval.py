@@ -29,6 +29,11 @@ def run(args) -> int:
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     options = parse_overrides(args.options)
+    other = sorted(k for k in options if "." in k)  # data.name=..., train.amp=...: not how the weights run
+    if other:
+        raise UserError(f"{', '.join(other)}: eval takes core options (e.g. method=rk4, refine=2) that change how "
+                        "the trained weights run; the run's data and training settings are its own (--data-root "
+                        "moves its data)")
     model, cfg, device, test_loader, _ = open_trained(args, **options)
     steps = args.steps or model.nominal_steps
     try:

@@ -60,6 +60,11 @@ def model_config(name: str, **overrides):
 def create_model(name: str, **overrides) -> nn.Module:
     """Build preset ``name`` (see ``list_models()``) with config overrides, e.g.
     ``create_model("bvit_tiny", img_size=32, patch_size=4, num_classes=100, steps=6)``."""
+    if overrides.pop("pretrained", False):
+        raise UserError(f"recurvit ships no pretrained weights for '{name}': train a run and load it with "
+                        "recurvit.load_model(RUN), or export one and load it with "
+                        "timm.create_model('local-dir:FOLDER', pretrained=True)")
+    overrides.pop("pretrained_cfg_overlay", None)
     cfg = model_config(name, **overrides)
     builder, _ = _BUILDERS[name]
     try:
