@@ -149,3 +149,17 @@ def test_eval_with_a_data_or_train_key_names_the_real_reason(tmp_path, capsys):
     assert main(["eval", str(run), "data.name=fashion_mnist"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "eval takes core options" in err and "core" in err, err
+
+
+def test_every_command_help_ends_with_examples_of_real_options(capsys):
+    """Each example parses: its options and subcommands exist (RUN and file names are placeholders)."""
+    import shlex
+
+    from recurvit.cli import COMMANDS, EXAMPLES, build_parser
+
+    assert set(EXAMPLES) == set(COMMANDS)
+    parser = build_parser()
+    for name, examples in EXAMPLES.items():
+        for e in examples:
+            args = parser.parse_args(shlex.split(e)[1:])  # argparse exits on an unknown option
+            assert args.command == name, e

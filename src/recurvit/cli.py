@@ -20,10 +20,36 @@ class _Help(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if (action.option_strings and "%(default)" not in text and action.default not in (None, False)
+        if (action.option_strings and "%(default)" not in text and "(default" not in text
+                and action.default not in (None, False)
                 and action.default is not argparse.SUPPRESS):
             text += " (default: %(default)s)"
         return text
+
+    def _fill_text(self, text, width, indent):
+        if text.startswith("examples:"):  # one example a line, as written
+            return "\n".join(indent + ln for ln in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
+EXAMPLES = {  # shown at the end of each command's --help
+    "train": ["recurvit train", "recurvit train configs/fashion_mnist/crossroads/naive.yaml train.epochs=30 data.holdout=0.1",
+              "recurvit train --resume runs/digits-bvit_tiny-20261201-120000 train.epochs=60"],
+    "eval": ["recurvit eval RUN --steps 24", "recurvit eval ODE_RUN method=rk4 refine=2"],
+    "horizon": ["recurvit horizon RUN --max-steps 96 --out horizon/"],
+    "flops": ["recurvit flops bvit_base", "recurvit flops bvit_tiny steps=24 --batch-size 64"],
+    "match": ["recurvit match bvit_tiny --by params"],
+    "study": ["recurvit study studies/fashion_plateau.yaml --workers 2",
+              "recurvit study studies/fashion_plateau.yaml --report-only"],
+    "mixture": ["recurvit mixture SRVIT_RUN --examples 8"],
+    "vae": ["recurvit vae train configs/vae/digits.yaml", "recurvit vae eval RUN"],
+    "analyze": ["recurvit analyze RUN --steps 12"],
+    "finetune": ["recurvit finetune RUN --data fashion_mnist --method step_lora --rank 4 train.epochs=5",
+                 "recurvit finetune --resume FT_RUN"],
+    "exit": ["recurvit exit RUN --max-steps 24"],
+    "predict": ["recurvit predict RUN my_images/ --topk 3 --csv predictions.csv"],
+    "export": ["recurvit export RUN --format hf exported/", "recurvit export RUN --format onnx model.onnx"],
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,7 +63,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 RESUMABLE = {"train": "recurvit train --resume RUN_DIR", "study": "the same recurvit study command",
-             "vae": "recurvit vae train --resume RUN_DIR"}  # commands whose interrupted work can continue
+             "vae": "recurvit vae train --resume RUN_DIR", "finetune": "recurvit finetune --resume FT_RUN_DIR"}  # commands whose interrupted work can continue
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         mod = importlib.import_module(f"recurvit.commands.{name}")
         p = mod.add_parser(sub)
         p.set_defaults(_run=mod.run)
+        if name in EXAMPLES and not p.epilog:
+            p.epilog = "examples:\n" + "\n".join(f"  {e}" for e in EXAMPLES[name])
     return parser
 
 
