@@ -383,3 +383,18 @@ def test_an_image_folder_with_one_class_is_refused(tmp_path):
             Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / split / "only" / f"{i}.png")
     with pytest.raises(UserError, match="1 class folder"):
         build_datasets(DataConfig(name="imagefolder", root=str(tmp_path)))
+
+
+def test_a_float_image_of_nan_is_refused_in_one_line(tmp_path, capsys):
+    import numpy as np
+
+    root = _folder(tmp_path / "data")
+    nan = root / "train" / "cat" / "nan.tif"
+    Image.fromarray(np.full((8, 8), np.nan, dtype=np.float32), mode="F").save(nan)
+    _fails(capsys, ["train", *TINY, "data.name=imagefolder", f"data.root={root}", "data.img_size=8",
+                    "train.epochs=1", "--out", tmp_path / "r"], "nan.tif", "NaN or inf")
+    ok = tmp_path / "ok.tif"
+    Image.fromarray(np.full((8, 8), 3.0, dtype=np.float32), mode="F").save(ok)
+    from recurvit.data.images import load_image
+
+    assert load_image(str(ok)).size == (8, 8)  # a finite float image still reads

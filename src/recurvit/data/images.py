@@ -81,12 +81,27 @@ def _reason(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
+def non_finite(im: Image.Image) -> Optional[str]:
+    """Why a float image cannot be used (NaN or inf values: converting it to 8 bits would hide them), or None."""
+    if im.mode not in ("F", "I"):
+        return None
+    import numpy as np
+
+    arr = np.asarray(im, dtype=np.float64)
+    bad = int((~np.isfinite(arr)).sum())
+    return f"a float image with {bad:,} NaN or inf values of {arr.size:,}" if bad else None
+
+
 def load_image(path: str, checked: bool = False) -> Image.Image:
     """The RGB image in `path`, or UnreadableImageError naming it. `checked`: the file passed
     `find_unreadable` when the data set was built (data.skip_bad_images=true)."""
     try:
         with open(path, "rb") as f:
-            return Image.open(f).convert("RGB")
+            im = Image.open(f)
+            im.load()
+            why = non_finite(im)
+            if not why:
+                return im.convert("RGB")
     except PIL_ERRORS as e:
         if checked:
             hint = ("it passed the header check at start-up but its image data is corrupt or truncated;"
@@ -94,6 +109,7 @@ def load_image(path: str, checked: bool = False) -> Image.Image:
         else:
             hint = f"delete or replace it, or set {SKIP_OPTION} to leave unreadable images out"
         raise UnreadableImageError(f"cannot read image {shown(path)} ({_reason(e)}); {hint}") from None
+    raise UnreadableImageError(f"cannot use image {shown(path)} ({why}); delete or replace it")
 
 
 def image_problem(path: str) -> Optional[str]:

@@ -42,11 +42,16 @@ def read_images(files: Iterable[Path]) -> Tuple[List[Tuple[str, Any]], List[Tupl
     """(readable (name, PIL image) pairs, unreadable (name, reason) pairs)."""
     from PIL import Image, UnidentifiedImageError
 
+    from ..data.images import non_finite
+
     ok, bad = [], []
     for f in files:
         try:
             with Image.open(f) as im:
                 im.load()
+                why = non_finite(im)
+                if why:
+                    raise ValueError(why)
                 ok.append((str(f), im.copy()))
         except (UnidentifiedImageError, OSError, ValueError) as e:
             bad.append((str(f), str(e).splitlines()[0] if str(e) else type(e).__name__))
