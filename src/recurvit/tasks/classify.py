@@ -179,17 +179,18 @@ class ClassifyTask(Task):
     # ---------------------------------------------------------------- building
     def setup(self, env, device, log, force=False):
         self.device, self.env, self.log = device, env, log
-        self.train_loader, self.test_loader, self.info = build_loaders(self.cfg, env=env, log=log)
-        self.val_loader = build_val_loader(self.cfg, self.train_loader, self.test_loader, env)
-        self.cfg = resolve_model_config(self.cfg, self.info)
-        self.build_model(env, device, force)
+        self.build(env, device, log, force)
         self.steps_per_epoch = len(self.train_loader)
         self.opt = build_optimizer(self.model, self.cfg.train, device)
         self.sched = build_scheduler(self.opt, self.cfg.train, self.steps_per_epoch)
         self.build_depth(env)
 
-    def build_model(self, env, device, force):
-        cfg, m = self.cfg, self.cfg.model
+    def build(self, env, device, log, force):
+        """The loaders, the config resolved from the data, the model (what fine-tuning builds otherwise)."""
+        self.train_loader, self.test_loader, self.info = build_loaders(self.cfg, env=env, log=log)
+        self.val_loader = build_val_loader(self.cfg, self.train_loader, self.test_loader, env)
+        self.cfg = cfg = resolve_model_config(self.cfg, self.info)
+        m = cfg.model
         env.on_main(lambda: check_param_memory(  # rank 0 decides for every rank (no rank waits on a stopped one)
             lambda: ckpt_io.build_model_from_config(cfg), device, force=force,
             what=f"model {m.name} (embed_dim={m.embed_dim}, depth={m.depth}, steps={m.steps})"))

@@ -156,7 +156,8 @@ class FinetuneTask(ClassifyTask):
         return {"method": self.method, "source": str(self.source), "data": self.data, "rank": self.rank,
                 "alpha": self.alpha}
 
-    def build_model(self, env, device, force):
+    def build(self, env, device, log, force):
+        """The source run's model, the target's loaders (resized to the model's input), new heads, the method."""
         model, _ = ckpt_io.load_model_and_config(self.source)
         seed_everything(self.cfg.train.seed)  # what follows draws as if the source had been loaded before seeding
         cfg, mc = self.cfg, model.cfg
@@ -179,16 +180,6 @@ class FinetuneTask(ClassifyTask):
         self.model = model.to(device)
         self.counts = trainable_counts(model)
         self.val_loader = build_val_loader(cfg, self.train_loader, self.test_loader, env)
-
-    def setup(self, env, device, log, force=False):
-        self.device, self.env, self.log = device, env, log
-        self.build_model(env, device, force)  # the loaders first: the model follows the target's classes
-        self.steps_per_epoch = len(self.train_loader)
-        from ..train.optim import build_optimizer, build_scheduler
-
-        self.opt = build_optimizer(self.model, self.cfg.train, device)
-        self.sched = build_scheduler(self.opt, self.cfg.train, self.steps_per_epoch)
-        self.build_depth(env)
 
     def prepare_training(self, env, device, log, force=False):
         super().prepare_training(env, device, log, force)  # compilation, checkpointing, DDP, the memory check
