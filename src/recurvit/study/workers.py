@@ -104,7 +104,3 @@ def train_in_processes(command: List[str], base: str, overrides: List[str], out:
                         "its own message is above in this run's log")
     rows = RunDir(out, created=False, owner=False).read_metrics()
     return rows[-1] if rows else {}
-
-
-def quiet(*args, **kwargs) -> None:
-    return None

@@ -13,7 +13,8 @@ from ..study import plots
 from ..study.grouping import axis_of, pairs, table
 from ..study.plateau import plateau_column, plateau_per_seed, plateau_text
 from ..study.stats import fmt_ci, mean_ci, welch
-from ..study.workers import quiet, run_config, train_in_processes
+from ..study.workers import run_config, train_in_processes
+from ..train.runtime import quiet
 
 name = "classify"
 ACC_KEYS = ["acc_T", "acc_2T", "acc_4T", "acc_8T", "acc_16T", "acc_32T", "acc_64T", "acc_mean_T_4T"]

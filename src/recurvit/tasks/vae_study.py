@@ -11,7 +11,8 @@ from ..study import plots
 from ..study.grouping import table
 from ..study.plateau import plateau_column
 from ..study.stats import fmt_ci
-from ..study.workers import quiet, run_config, train_in_processes
+from ..study.workers import run_config, train_in_processes
+from ..train.runtime import quiet
 
 name = "vae"
 CSV_KEYS = ["model", "operator", "core", "seed", "epochs", "params_stored", "params_effective", "flops_forward",

@@ -32,7 +32,7 @@ from . import distributed as dist_io
 from .checks import Diverged, how_to_go_on
 from .resume import check_resume
 from .rundir import RunDir, open_run, write_atomic
-from .runtime import pick_device, seed_everything
+from .runtime import pick_device, quiet, seed_everything
 from .tensorboard import EpochWriter
 
 
@@ -45,7 +45,7 @@ def fit(task, out: Path, resume: bool = False, log=print, stop_after: Optional[i
     tc = task.cfg.train
     with dist_io.session(tc.device) as env:
         out = Path(env.broadcast(str(out)))  # rank 0's run directory (a default one carries a time stamp)
-        log = log if env.is_main else _quiet
+        log = log if env.is_main else quiet
         task.check()
         run = env.on_main(lambda: open_run(out, resume, log=log)) or RunDir(out, created=False, owner=False)
         try:
@@ -65,10 +65,6 @@ def fit(task, out: Path, resume: bool = False, log=print, stop_after: Optional[i
             if not run.path.is_dir():
                 raise
             raise e.then(f"--resume {run.path}") from None
-
-
-def _quiet(*args, **kwargs) -> None:
-    return None
 
 
 def run_state(task, epoch: int) -> Dict[str, Any]:

@@ -60,7 +60,8 @@ def resolve_model_config(cfg: RunConfig, info) -> RunConfig:
     return replace(cfg, model=m)
 
 
-def _silent(*args, **kwargs) -> None:
+def quiet(*args, **kwargs) -> None:
+    """A log that says nothing (ranks other than 0, study workers, --json)."""
     return None
 
 
@@ -113,7 +114,7 @@ def build_loaders(cfg: RunConfig, epoch_seed: int = 0, env: dist_io.DistEnv = di
     global batch (``train.batch_size / world_size`` images) and of the test set."""
     from ..data import build_datasets
 
-    train_set, test_set, info = env.main_first(lambda: build_datasets(cfg.data, log=log if env.is_main else _silent))  # rank 0 downloads first
+    train_set, test_set, info = env.main_first(lambda: build_datasets(cfg.data, log=log if env.is_main else quiet))  # rank 0 downloads first
     kw = dict(num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available(),
               persistent_workers=cfg.data.num_workers > 0)
     if not env.enabled:
