@@ -1,7 +1,9 @@
 """Running a study: train (or resume) every grid point, evaluate it, write its ``result.json``.
 
-A run's evaluation is recorded with the study's ``eval_spec``; when a study asks for more (a longer
-horizon, another solver), finished runs are re-evaluated from their checkpoint without training.
+A run's evaluation is the study's evaluators (:mod:`recurvit.study.evaluators`), each recorded in
+its ``result.json`` with its options; when a study asks for more (a longer horizon, another solver,
+per-step analyses), a finished run runs only the evaluators it lacks, from its checkpoint, without
+training.
 Runs go to worker processes (``--workers N``, one thread each by default) or, with ``--launcher
 submitit``, to cluster jobs (:mod:`recurvit.study.launch`); a run that fails with a user error
 (diverged, bad option) is reported in the study, not fatal to it.
@@ -22,6 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import UserError
 from .archive import archive, archived, read_result
+from .evaluators import missing, recorded
 from .workers import estimate, in_processes
 from .spec import Study
 
@@ -33,9 +36,12 @@ def _write_result(out: Path, res: Dict[str, Any]) -> None:
 
 
 def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dict[str, Any],
-            labels: Dict[str, str], threads: Optional[int] = None, nproc: int = 1) -> Dict[str, Any]:
-    """Train (or resume) one grid point, evaluate it and write its result.json.
+            labels: Dict[str, str], threads: Optional[int] = None, nproc: int = 1,
+            previous: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Train (or resume) one grid point, run the evaluators of ``eval_spec`` on it and write its result.json.
 
+    ``previous``: the run's stored result, when its training is complete and only some evaluators are
+    missing (``eval_spec`` then names just those; the stored figures of the others are kept).
     ``nproc`` > 1: train in that many processes (torchrun, DDP), evaluate here."""
     if threads:
         import torch
@@ -46,9 +52,14 @@ def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dic
     t0 = time.perf_counter()
     from ..tasks import STUDIES
 
+    eval_spec = recorded({"eval": eval_spec})  # also the {max_steps_factor, variants} form of older callers
     res = STUDIES[task].run(base, overrides, out_p, eval_spec, nproc=nproc, threads=threads)
-    res = {**res, "run_id": out_p.name, **labels, "overrides": overrides, "eval": eval_spec,  # labels win
-           "wall_seconds": time.perf_counter() - t0}
+    record = eval_spec
+    if previous is not None:
+        record = {**recorded(previous), **eval_spec}
+        res = {**{k: v for k, v in previous.items() if k not in ("eval", "wall_seconds")}, **res}
+    res = {**res, "run_id": out_p.name, **labels, "overrides": overrides, "eval": record,  # labels win
+           "wall_seconds": time.perf_counter() - t0 + (previous or {}).get("wall_seconds", 0.0)}
     _write_result(out_p, res)
     return res
 
@@ -67,9 +78,10 @@ def run_one_safe(kw: Dict[str, Any]) -> Dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ the study
-def _is_done(rd: Path, study: Study, overrides: List[str]) -> Optional[Dict[str, Any]]:
-    """The stored result of a run whose training and evaluation are what the study asks for: its run
-    directory's result.json, else the copy in the study's results folder when the run directory is gone."""
+def _stored(rd: Path, study: Study, overrides: List[str]) -> Optional[Dict[str, Any]]:
+    """The stored result of a run: its run directory's result.json, else the copy in the study's results
+    folder when the run directory is gone (None: none, or unreadable, so the run is evaluated again from
+    its checkpoint, or trained if it has none)."""
     f = rd / "result.json"
     if not f.is_file():
         copy = archived(study, rd.name)
@@ -78,10 +90,8 @@ def _is_done(rd: Path, study: Study, overrides: List[str]) -> Optional[Dict[str,
         f = copy
     res = read_result(f)
     if res is None:
-        return None  # unreadable: the run is evaluated again from its checkpoint (or trained, if it has none)
+        return None
     res = _with_training_cost(rd, res)
-    if res.get("eval", {"max_steps_factor": res.get("max_steps_factor", 4), "variants": {}}) != study.eval_spec:
-        return None  # re-evaluate (the checkpoint stays; training is not repeated)
     if "overrides" in res and res["overrides"] != overrides:
         raise UserError(f"run {rd} was made with other settings than the study now asks for "
                         f"({res['overrides']} vs {overrides}); move it away or give the variant another name")
@@ -111,12 +121,19 @@ def pending(study: Study, out: Path, only: Sequence[str] = ()):
     chosen = selected(study, only)
     for spec in study.runs:
         rd = out / "runs" / spec.run_id
-        res = _is_done(rd, study, spec.overrides)
-        if res is not None:
+        asked = study.eval_for(spec.labels)
+        res = _stored(rd, study, spec.overrides)
+        lacking = missing(asked, res) if res is not None and "error" not in res else asked
+        if res is not None and not lacking:
             done.append(res)
         elif spec.run_id in chosen:
+            # a finished run that lacks evaluators: only those run, on its checkpoint (nothing is trained)
+            previous = res if res is not None and (rd / "last.pt").is_file() else None
             todo.append(dict(task=study.task, base=str(spec.base), overrides=spec.overrides, out=str(rd),
-                             eval_spec=study.eval_spec, labels=spec.labels))
+                             eval_spec=lacking if previous is not None else asked, labels=spec.labels,
+                             previous=previous))
+        elif res is not None:
+            done.append(res)  # not chosen by --only: reported with what it has
     return done, todo
 
 

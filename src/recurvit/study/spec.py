@@ -11,11 +11,12 @@
         naive: {}                         # (a variant may name its own `base:`)
         deep_supervision: {train.supervision.stages: 3, train.supervision.weights: uniform}
       train.seed: [0, 1, 2]               # a list: values of one dotted key (the seed axis is averaged)
-    eval:
+    eval:                                 # the evaluators each run gets (recurvit.study.evaluators)
       max_steps_factor: 16                # horizon sweep up to 16T (acc@T, 2T, 4T, 8T, 16T)
       variants:                           # also evaluate at T with core options changed (ODE: another
         rk4: {method: rk4}                #   solver, or refine=2 for h/2 over the same span); runs
         h/2: {refine: 2}                  #   whose core lacks an option skip that variant
+      per_step: {only: {regime: [naive]}} # per-step analyses, of the naive runs only
     report:
       compare: [[naive, deep_supervision]]  # Welch t-tests between cells (variant labels)
       frontier: true                      # nominal vs beyond-horizon accuracy plot, Pareto front
@@ -24,8 +25,8 @@
     results: results/crossroads_digits    # where results.csv / report.md / plots go
 
 Each grid point is a run directory ``<runs>/runs/<id>``; a run with an up-to-date ``result.json``
-is done, a run with ``last.pt`` is resumed (or only re-evaluated when its training is complete and
-the study asks for more evaluation), so an interrupted study continues where it stopped.
+is done, a run with ``last.pt`` is resumed (or, when its training is complete and the study asks for
+an evaluator it lacks, only that evaluator runs), so an interrupted study continues where it stopped.
 """
 from __future__ import annotations
 
@@ -58,8 +59,7 @@ class Study:
     axes: List[Tuple[str, List[Tuple[str, Dict[str, Any]]]]]  # axis -> [(label, {dotted key: value})]
     task: str = "classify"
     overrides: List[str] = field(default_factory=list)
-    max_steps_factor: int = 4
-    variants: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # eval name -> core options
+    evaluators: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # evaluator -> options (study.evaluators)
     compare: List[Tuple[str, str]] = field(default_factory=list)
     frontier: bool = False
     runs_dir: Optional[Path] = None
@@ -69,9 +69,19 @@ class Study:
     claims: List[Any] = field(default_factory=list)  # recurvit.study.claims.Claim: what the study decides
 
     @property
-    def eval_spec(self) -> Dict[str, Any]:
-        """What a finished run's evaluation must have covered (stored in its result.json)."""
-        return {"max_steps_factor": self.max_steps_factor, "variants": self.variants}
+    def max_steps_factor(self) -> int:
+        return int(self.evaluators.get("horizon", {}).get("max_steps_factor", 1))
+
+    @property
+    def variants(self) -> Dict[str, Dict[str, Any]]:
+        return {k: v for k, v in self.evaluators.get("variants", {}).items() if k != "only"}
+
+    def eval_for(self, labels: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
+        """The evaluators (with options) a finished run with these grid labels must have run; each is
+        recorded in the run's result.json."""
+        from .evaluators import for_run
+
+        return for_run(self.evaluators, labels)
 
     def cell_axes(self) -> List[str]:
         """Grid axes a report groups by (every axis but the seed)."""
@@ -79,7 +89,6 @@ class Study:
 
 
 TOP_KEYS = ("name", "task", "base", "overrides", "grid", "eval", "report", "runs", "results", "claims")
-EVAL_KEYS = ("max_steps_factor", "variants")
 REPORT_KEYS = ("compare", "frontier")
 LABEL = re.compile(r"[A-Za-z0-9_.+-]+")
 MAX_RUNS = 10_000  # a grid larger than this is a mistake (a typo in an axis), not a study
@@ -110,9 +119,8 @@ def load_study(path: str | Path) -> Study:
     if not isinstance(raw, dict):
         raise UserError(f"study file {p} must be a mapping with name, base and grid")
     _check_keys(p, raw, TOP_KEYS, "")
-    for key, allowed in (("eval", EVAL_KEYS), ("report", REPORT_KEYS)):
-        if isinstance(raw.get(key), dict):
-            _check_keys(p, raw[key], allowed, f"{key}.")
+    if isinstance(raw.get("report"), dict):
+        _check_keys(p, raw["report"], REPORT_KEYS, "report.")
     for key in ("name", "base", "grid"):
         if key not in raw:
             raise UserError(f"study file {p} needs a '{key}:' entry (see recurvit/study/spec.py)")
@@ -153,13 +161,11 @@ def load_study(path: str | Path) -> Study:
     if size > MAX_RUNS:
         raise UserError(f"study file {p}: its grid has {size:,} runs (more than {MAX_RUNS:,}); split it or "
                         "shorten an axis")
-    ev, rep = raw.get("eval") or {}, raw.get("report") or {}
-    factor = ev.get("max_steps_factor", 4)
-    if not isinstance(factor, int) or factor < 1:
-        raise UserError(f"study file {p}: eval.max_steps_factor must be an integer >= 1, got {factor!r}")
-    if not isinstance(ev.get("variants") or {}, dict) or not all(isinstance(v or {}, dict)
-                                                                  for v in (ev.get("variants") or {}).values()):
-        raise UserError(f"study file {p}: eval.variants maps names to core options, e.g. {{rk4: {{method: rk4}}}}")
+    rep = raw.get("report") or {}
+    from .evaluators import parse_eval
+
+    evaluators = parse_eval(raw.get("eval") or {}, getattr(STUDIES[task], "EVALUATORS", {}), f"study file {p}",
+                            {axis: [lbl for lbl, _ in variants] for axis, variants in axes})
     pairs = rep.get("compare") or []
     if not isinstance(pairs, list) or any(not isinstance(pair, list) or len(pair) != 2 for pair in pairs):
         raise UserError(f"study file {p}: report.compare holds pairs of variant labels, e.g. [[naive, ds3]]")
@@ -169,7 +175,7 @@ def load_study(path: str | Path) -> Study:
     study = Study(
         name=str(raw["name"]), base=_find(raw["base"], p), axes=axes, task=task,
         overrides=[f"{k}={_yaml_value(v)}" for k, v in (raw.get("overrides") or {}).items()],
-        max_steps_factor=factor, variants={str(k): dict(v or {}) for k, v in (ev.get("variants") or {}).items()},
+        evaluators=evaluators,
         compare=compare, frontier=bool(rep.get("frontier", False)),
         runs_dir=(p.parent / raw["runs"]).resolve() if raw.get("runs") else None,
         results=(p.parent / raw["results"]).resolve() if raw.get("results") else None, path=p)

@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..errors import UserError
 from ..study import plots
 from ..study.grouping import axis_of, pairs, table
 from ..study.plateau import plateau_column, plateau_per_seed, plateau_text
 from ..study.stats import fmt_ci, mean_ci, welch
 from ..study.workers import run_config, train_in_processes
 from ..train.runtime import quiet
+from .classify_eval import EVALUATORS
 
 name = "classify"
 ACC_KEYS = ["acc_T", "acc_2T", "acc_4T", "acc_8T", "acc_16T", "acc_32T", "acc_64T", "acc_mean_T_4T"]
@@ -33,12 +33,14 @@ CONTRAST = (ACC_KEYS, 100.0, "points")  # figures a comparison reads, their scal
 
 # ------------------------------------------------------------------------------- one run's row
 def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
-                 threads: Optional[int] = None) -> Dict[str, Any]:
+        threads: Optional[int] = None) -> Dict[str, Any]:
+    """Train (or resume) the run, then run the evaluators of ``eval_spec`` ({name: options},
+    :data:`recurvit.tasks.classify_eval.EVALUATORS`); the row also holds the run's cost and curves."""
     from ..analysis.accounting import account
-    from ..analysis.horizon import horizon_sweep, summarize
     from ..config import load_config
+    from ..study.evaluators import Evaluated, evaluate_run
     from ..train.checkpoint import load_model_and_config
-    from .classify import evaluate, train
+    from .classify import train
     from ..train.rundir import RunDir
     from ..train.runtime import build_test_loader, pick_device
     from ..study.plateau import plateau_change
@@ -53,23 +55,10 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
     model, cfg = load_model_and_config(out / "last.pt")
     device = pick_device(cfg.train.device)
     model.to(device)
-    T = model.nominal_steps
-    K = eval_spec["max_steps_factor"] * T
-    if model.core.limit is not None:
-        K = min(K, model.core.limit)
     test_loader, info = build_test_loader(cfg)
-    sweep = horizon_sweep(model, test_loader, device, K)
-    variants: Dict[str, Any] = {}
-    for name, opts in eval_spec.get("variants", {}).items():
-        try:
-            other, _ = load_model_and_config(out / "last.pt", **opts)
-        except UserError as e:
-            if "does not apply" not in str(e) and "applies to" not in str(e):
-                raise
-            variants[name] = None  # an option this run's core does not have: not applicable
-            continue
-        ev = evaluate(other.to(device), test_loader, device, amp="off")  # fp32, as the sweep above
-        variants[name] = {"acc_T": ev["accuracy"], "nfe": other.nfe}
+    figures = evaluate_run(Evaluated(model, cfg, out, device, test_loader, info,
+                                     load=lambda **opts: load_model_and_config(out / "last.pt", **opts)[0]),
+                           eval_spec, EVALUATORS)
     acct = account(model.cpu(), memory=False)
     mc = model.cfg
     logged = RunDir(out, created=False, owner=False).read_metrics()
@@ -77,14 +66,13 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
     val_curve = [m.get("val_acc") for m in logged] if any("val_acc" in m for m in logged) else None
     return {
         "model": cfg.model.name, "core": mc.core, "runs_as": mc.core_cls.describe(mc),
-        "shares_blocks": mc.core_cls.shares_blocks, "embed_dim": mc.embed_dim, "depth": mc.depth, "steps": T,
-        "seed": cfg.train.seed, "epochs": cfg.train.epochs, "params": acct["params"],
+        "shares_blocks": mc.core_cls.shares_blocks, "embed_dim": mc.embed_dim, "depth": mc.depth,
+        "steps": model.nominal_steps, "seed": cfg.train.seed, "epochs": cfg.train.epochs, "params": acct["params"],
         "params_stored": acct["params_stored"], "flops_forward": acct["flops_forward"], "nfe": acct["nfe"],
-        "chance": 1.0 / info.num_classes,
-        **{k: v for k, v in summarize(sweep, T).items() if k.startswith("acc_")},
+        "chance": 1.0 / info.num_classes, **figures,
         "test_acc_final": metrics.get("test_acc"), "train_seconds": metrics.get("train_seconds"),
-        "eval_seconds": time.perf_counter() - t0, "horizon_accuracy": sweep["accuracy"],
-        "test_acc_curve": curve, "val_acc_curve": val_curve, "variants": variants,
+        "eval_seconds": time.perf_counter() - t0,
+        "test_acc_curve": curve, "val_acc_curve": val_curve,
         "plateau_val": plateau_change(val_curve), "plateau_test": plateau_change(curve),
     }
 

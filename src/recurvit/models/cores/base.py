@@ -22,6 +22,7 @@ never branch on a core's name:
 ``calls_per_step(cfg)``    calls of ONE shared block per step (None: not one shared block / varies)
 ``unrollable(cfg)``        step k is exactly ``block(z)`` with step-k weights (per-step adapters unroll)
 ``describe(cfg)``          a short label of how it runs ("ode rk4/state_subtracted")
+``accepts(cfg, **options)`` why the core cannot run with these options changed (None: it can)
 ``check_training(cfg, ..)`` a training setting that contradicts the core's options (ValueError)
 ``cannot_step(cfg)``       why it cannot run one step at a time on a shrinking batch (None: it can)
 =========================  ======================================================================
@@ -117,6 +118,17 @@ class Core(nn.Module):
         opts = cls.Options(**given)
         cls.check_options(opts)
         return opts
+
+    @classmethod
+    def accepts(cls, cfg, **options) -> Optional[str]:
+        """Why this config's core cannot run with ``options`` changed (None: it can), e.g. a solver
+        option asked of a discrete recurrence, or ``refine`` of an adaptive solver."""
+        current = dataclasses.asdict(cfg.options) if dataclasses.is_dataclass(cfg.options) else dict(cfg.options or {})
+        try:
+            cls.parse_options({**current, **options})
+        except (TypeError, ValueError) as e:
+            return str(e)
+        return None
 
     @classmethod
     def check_options(cls, opts) -> None:

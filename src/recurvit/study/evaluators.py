@@ -1,0 +1,148 @@
+"""What a study measures on each trained run: a set of registered evaluators, named in the study file.
+
+::
+
+    eval:
+      horizon: {max_steps_factor: 16}     # the horizon sweep (``max_steps_factor: 16`` alone means the same)
+      variants: {rk4: {method: rk4}}      # evaluated at T with core options changed
+      per_step: {images: 2000, only: {regime: [naive, ds3]}}   # per-step analyses, on some cells only
+
+An evaluator is a subclass of :class:`Evaluator` registered in its task's table (for classification
+``recurvit.tasks.classify_eval.EVALUATORS``; a task's study module exposes it as ``EVALUATORS``): it
+checks its options when the study file is read, and, given a trained run, returns the columns it adds
+to the run's result row. A run's ``result.json`` records, per evaluator, the options it was evaluated
+with; when a study asks for an evaluator a finished run lacks (or other options), only that evaluator
+runs, on the run's checkpoint: nothing is trained again and the other evaluators' figures are kept.
+``only: {axis: [labels]}`` (any evaluator) limits it to the runs whose grid labels match.
+
+A new evaluator is one class plus one entry in its task's ``EVALUATORS``.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional
+
+from ..errors import UserError
+
+ONLY = "only"  # the option every evaluator takes: the grid labels of the runs it applies to
+LEGACY = {"max_steps_factor": "horizon"}  # an eval key of older study files -> (evaluator, option of that name)
+
+
+@dataclass
+class Evaluated:
+    """What an evaluator is handed: a trained run, loaded once for all of them."""
+
+    model: Any  # the run's model (last.pt), on ``device``, in eval mode
+    cfg: Any  # its run config
+    out: Any  # the run directory (a Path)
+    device: Any
+    test_loader: Any
+    info: Any  # the data set's info (num_classes, ...)
+    load: Callable[..., Any]  # load(**core_options) -> another copy of the model with those options
+
+
+class Evaluator:
+    """One measurement of a trained run. Subclasses set ``name`` and ``defaults`` and define ``__call__``."""
+
+    name: ClassVar[str] = ""
+    defaults: ClassVar[Dict[str, Any]] = {}
+    free_form: ClassVar[bool] = False  # options are a mapping of the user's own names (variants)
+
+    def check(self, options: Mapping[str, Any], where: str) -> Dict[str, Any]:
+        """The options with their defaults filled in; UserError naming ``where`` for a bad one."""
+        if self.free_form:
+            if not all(isinstance(v or {}, dict) for v in options.values()):
+                raise UserError(f"{where} maps names to option mappings, e.g. {{rk4: {{method: rk4}}}}")
+            return {str(k): dict(v or {}) for k, v in options.items()}
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            raise UserError(f"{where}: {self.name} has no option {', '.join(unknown)} "
+                            f"(its options: {', '.join(self.defaults) or 'none'}, and only)")
+        return {**copy.deepcopy(self.defaults), **options}
+
+    def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
+        """The columns this evaluator adds to the run's result row."""
+        raise NotImplementedError
+
+
+def parse_eval(raw: Mapping[str, Any], table: Mapping[str, Evaluator], where: str,
+               axes: Mapping[str, List[str]]) -> Dict[str, Dict[str, Any]]:
+    """A study file's ``eval:`` section -> {evaluator: options (with ``only`` if given)}.
+
+    The task's ``default`` evaluators run even when not named (for classification the horizon sweep)."""
+    given: Dict[str, Any] = {}
+    for key, value in (raw or {}).items():
+        if key in LEGACY and LEGACY[key] in table:  # max_steps_factor: 16  ==  horizon: {max_steps_factor: 16}
+            given.setdefault(LEGACY[key], {})[key] = value
+            continue
+        if key not in table:
+            raise UserError(f"{where}: unknown evaluator 'eval.{key}' (this task's: {', '.join(table)})")
+        if value is not None and not isinstance(value, dict):
+            raise UserError(f"{where}: eval.{key} takes a mapping of options, got {value!r}")
+        given[key] = {**given.get(key, {}), **(value or {})}
+    for name, ev in table.items():
+        if getattr(ev, "default", False):
+            given.setdefault(name, {})
+    out = {}
+    for name, opts in given.items():
+        only = opts.pop(ONLY, None)
+        opts = table[name].check(opts, f"{where}: eval.{name}")
+        if not opts and table[name].free_form:
+            continue  # no variants asked: nothing to evaluate
+        if only is not None:
+            out[name] = {**opts, ONLY: _check_only(only, axes, f"{where}: eval.{name}.only")}
+        else:
+            out[name] = opts
+    return out
+
+
+def _check_only(only: Any, axes: Mapping[str, List[str]], where: str) -> Dict[str, List[str]]:
+    if not isinstance(only, dict) or not only:
+        raise UserError(f"{where} maps grid axes to labels, e.g. {{regime: [naive, ds3]}}")
+    out = {}
+    for axis, labels in only.items():
+        labels = [str(x) for x in (labels if isinstance(labels, list) else [labels])]
+        if axis not in axes:
+            raise UserError(f"{where} names axis '{axis}', which the grid does not have ({', '.join(axes)})")
+        bad = [x for x in labels if x not in axes[axis]]
+        if bad:
+            raise UserError(f"{where} names {', '.join(bad)}, which are not labels of '{axis}'")
+        out[str(axis)] = labels
+    return out
+
+
+def for_run(spec: Mapping[str, Dict[str, Any]], labels: Mapping[str, str]) -> Dict[str, Dict[str, Any]]:
+    """The evaluators (with their options) that apply to a run with these grid labels."""
+    return {name: opts for name, opts in spec.items()
+            if all(labels.get(axis) in allowed for axis, allowed in (opts.get(ONLY) or {}).items())}
+
+
+def recorded(res: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """The evaluators a stored result was evaluated with, in the form :func:`parse_eval` gives (results
+    written before evaluators were named record ``{max_steps_factor, variants}``)."""
+    rec = res.get("eval")
+    if rec is None:
+        rec = {"max_steps_factor": res.get("max_steps_factor", 4), "variants": {}}
+    rec = dict(rec)
+    if "max_steps_factor" in rec:
+        rec["horizon"] = {"max_steps_factor": rec.pop("max_steps_factor")}
+    if not rec.get("variants"):
+        rec.pop("variants", None)
+    return rec
+
+
+def missing(asked: Mapping[str, Dict[str, Any]], res: Optional[Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """The asked evaluators that a stored result lacks or ran with other options (all of them without one)."""
+    if res is None:
+        return dict(asked)
+    have = recorded(res)
+    return {name: opts for name, opts in asked.items() if have.get(name) != opts}
+
+
+def evaluate_run(run: Evaluated, asked: Mapping[str, Dict[str, Any]], table: Mapping[str, Evaluator]) -> Dict[str, Any]:
+    """The columns of every asked evaluator, in the order asked."""
+    row: Dict[str, Any] = {}
+    for name, opts in asked.items():
+        row.update(table[name](run, {k: v for k, v in opts.items() if k != ONLY}))
+    return row

@@ -1,0 +1,116 @@
+"""The evaluators a classification study can name in its ``eval:`` section (see
+:mod:`recurvit.study.evaluators`): each takes a trained run and returns the columns it adds to the
+run's result row.
+
+=============  ===================================================================================
+``horizon``    accuracy at every step up to ``max_steps_factor`` x T (acc@T, acc@2T, ...; runs by default)
+``variants``   accuracy at T with core options changed (``{name: {option: value}}``); a variant whose
+               options the run's core does not take is recorded as not applicable (None), as the core
+               itself says (:meth:`recurvit.models.cores.base.Core.accepts`)
+``per_step``   per-step analyses (readout accuracy, relative update, CKA of consecutive states, the
+               accuracy lost when the block is skipped at one step) and the figures claims read:
+               ``skip_drop_T``, ``skip_drop_mean``, ``rel_update_T``, ``rel_update_ratio``,
+               ``cka_last_pair``, ``readout_gain_T``
+=============  ===================================================================================
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict
+
+from ..study.evaluators import Evaluated, Evaluator
+
+
+class Horizon(Evaluator):
+    name = "horizon"
+    defaults = {"max_steps_factor": 4}
+    default = True  # every classification study sweeps the horizon (to T at least)
+
+    def check(self, options, where):
+        opts = super().check(options, where)
+        f = opts["max_steps_factor"]
+        if not isinstance(f, int) or isinstance(f, bool) or f < 1:
+            from ..errors import UserError
+
+            raise UserError(f"{where}: max_steps_factor must be an integer >= 1, got {f!r}")
+        return opts
+
+    def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
+        from ..analysis.horizon import horizon_sweep, summarize
+
+        T = run.model.nominal_steps
+        K = options["max_steps_factor"] * T
+        if run.model.core.limit is not None:
+            K = min(K, run.model.core.limit)
+        sweep = horizon_sweep(run.model, run.test_loader, run.device, K)
+        return {**{k: v for k, v in summarize(sweep, T).items() if k.startswith("acc_")},
+                "horizon_accuracy": sweep["accuracy"]}
+
+
+class Variants(Evaluator):
+    name = "variants"
+    free_form = True
+
+    def check(self, options, where):
+        from ..errors import UserError
+        from ..models.cores import CORES
+
+        opts = super().check(options, where)
+        known = {n for core in CORES.values() for n in core.option_names()}
+        for variant, given in opts.items():
+            unknown = sorted(set(given) - known)
+            if unknown:
+                raise UserError(f"{where}: variant {variant} sets {', '.join(unknown)}, an option of no core "
+                                f"(the cores' options: {', '.join(sorted(known))})")
+        return opts
+
+    def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
+        from .classify import evaluate
+
+        mc = run.model.cfg
+        out: Dict[str, Any] = {}
+        for variant, opts in options.items():
+            if mc.core_cls.accepts(mc, **opts) is not None:
+                out[variant] = None  # this run's core does not take these options: not applicable
+                continue
+            other = run.load(**opts).to(run.device)
+            ev = evaluate(other, run.test_loader, run.device, amp="off")  # fp32, as the horizon sweep
+            out[variant] = {"acc_T": ev["accuracy"], "nfe": other.nfe}
+        return {"variants": out}
+
+
+class PerStep(Evaluator):
+    name = "per_step"
+    defaults = {"images": 2000}
+
+    def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
+        from ..analysis.per_step import analyze_model
+
+        batches, n = [], 0
+        for x, y in run.test_loader:  # the first `images` test images (the loader does not shuffle)
+            take = min(len(y), options["images"] - n)
+            batches.append((x[:take], y[:take]))
+            n += take
+            if n >= options["images"]:
+                break
+        res = analyze_model(run.model, batches, ("readout", "norms", "cka", "pruning"), device=run.device)
+        return per_step_figures(res)
+
+
+def per_step_figures(res: Dict[str, Any]) -> Dict[str, Any]:
+    """The per-step columns of a result row from :func:`recurvit.analysis.per_step.analyze_model`'s output."""
+    T = res["meta"]["steps"]
+    readout = res["readout"]["accuracy"]
+    upd = res["norms"]["rel_update"][1:]  # step 1..T
+    pooled = res["cka"]["pooled"]  # rows/cols: emb, 1..T
+    skip = [r["drop"] for r in sorted(res["pruning"]["skip"], key=lambda r: r["step"])]
+    return {
+        "per_step": {"readout_accuracy": readout, "rel_update": upd, "skip_drop": skip,
+                     "cka_consecutive": [pooled[k][k + 1] for k in range(T)], "images": res["meta"]["images"]},
+        "skip_drop_T": skip[-1], "skip_drop_mean": sum(skip) / len(skip),
+        "rel_update_T": upd[-1], "rel_update_ratio": upd[-1] / upd[0] if upd[0] else math.nan,
+        "cka_last_pair": pooled[T - 1][T], "readout_gain_T": readout[-1] - readout[-2] if T > 1 else math.nan,
+    }
+
+
+EVALUATORS = {e.name: e for e in (Horizon(), Variants(), PerStep())}

@@ -1,0 +1,129 @@
+"""Study evaluators (recurvit.study.evaluators, recurvit.tasks.classify_eval): named in the study file,
+recorded per run, run only where missing; a new evaluator is one class and one table entry."""
+import json
+
+import pytest
+import torch
+
+from recurvit.errors import UserError
+from recurvit.study import load_study, run_study
+from recurvit.study.evaluators import Evaluator, missing, recorded
+from recurvit.tasks import classify_eval
+
+BASE = """
+model: {name: bvit_tiny, patch_size: 4, embed_dim: 24, num_heads: 2, global_pool: avg, class_token: false, steps: 3}
+data: {name: digits}
+train: {epochs: 1, batch_size: 256, progress: false}
+"""
+STUDY = """
+name: ev
+base: base.yaml
+grid:
+  regime:
+    a: {{}}
+    b: {{model.steps: 2}}
+  train.seed: [0]
+eval:
+{eval}
+results: res
+"""
+
+
+def _study(tmp_path, eval_lines):
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "s.yaml").write_text(STUDY.format(eval=eval_lines))
+    return load_study(tmp_path / "s.yaml")
+
+
+class Brightness(Evaluator):
+    """The new evaluator of this test: mean test-image value and the share of images predicted as class 0."""
+
+    name = "brightness"
+    defaults = {"images": 64}
+    calls = 0
+
+    def __call__(self, run, options):
+        Brightness.calls += 1
+        x, _ = next(iter(run.test_loader))
+        x = x[:options["images"]].to(run.device)
+        with torch.no_grad():
+            zero = (run.model(x).argmax(-1) == 0).float().mean().item()
+        return {"mean_pixel": x.mean().item(), "share_class0": zero}
+
+
+def test_a_new_evaluator_is_one_class_and_one_entry_and_runs_only_where_missing(tmp_path, monkeypatch):
+    study = _study(tmp_path, "  max_steps_factor: 1")
+    out = tmp_path / "runs"
+    rows = run_study(study, out, progress=False, log=lambda *a: None)
+    assert all("error" not in r for r in rows) and all("mean_pixel" not in r for r in rows)
+    last = {r["run_id"]: (out / "runs" / r["run_id"] / "last.pt").stat().st_mtime_ns for r in rows}
+    horizon_calls = []
+    real_horizon = classify_eval.EVALUATORS["horizon"]
+    monkeypatch.setitem(classify_eval.EVALUATORS, "brightness", Brightness())
+    monkeypatch.setitem(classify_eval.EVALUATORS, "horizon",
+                        type("Spy", (type(real_horizon),), {"__call__": lambda self, run, o: horizon_calls.append(1)
+                                                            or type(real_horizon).__call__(self, run, o)})())
+    # the study now names the new evaluator, for the runs of cell a only
+    study = _study(tmp_path, "  max_steps_factor: 1\n  brightness: {images: 32, only: {regime: [a]}}")
+    rows2 = {r["run_id"]: r for r in run_study(study, out, progress=False, log=lambda *a: None)}
+    assert Brightness.calls == 1 and not horizon_calls  # only the missing evaluator ran, on a's run only
+    a, b = rows2["a__seed=0"], rows2["b__seed=0"]
+    assert 0 <= a["share_class0"] <= 1 and a["mean_pixel"] > 0 and "mean_pixel" not in b
+    assert a["acc_T"] == next(r for r in rows if r["run_id"] == "a__seed=0")["acc_T"]  # the sweep's figures kept
+    assert {k: (out / "runs" / k / "last.pt").stat().st_mtime_ns for k in last} == last  # nothing trained again
+    stored = json.loads((out / "runs" / "a__seed=0" / "result.json").read_text())
+    assert stored["eval"] == {"horizon": {"max_steps_factor": 1},
+                              "brightness": {"images": 32, "only": {"regime": ["a"]}}}
+    # asking again: nothing to do; other options: the evaluator runs again, alone
+    run_study(study, out, progress=False, log=lambda *a: None)
+    assert Brightness.calls == 1
+    study = _study(tmp_path, "  max_steps_factor: 1\n  brightness: {images: 16, only: {regime: [a]}}")
+    run_study(study, out, progress=False, log=lambda *a: None)
+    assert Brightness.calls == 2 and not horizon_calls
+
+
+def test_bad_evaluator_entries_are_one_line_errors(tmp_path):
+    for lines, words in [("  nothing: {}", "unknown evaluator 'eval.nothing'"),
+                         ("  per_step: {imgs: 3}", "per_step has no option imgs"),
+                         ("  per_step: {only: {regime: [c]}}", "names c, which are not labels of 'regime'"),
+                         ("  per_step: {only: {width: [a]}}", "names axis 'width'"),
+                         ("  variants: {x: {methdo: rk4}}", "methdo, an option of no core"),
+                         ("  max_steps_factor: 0", "max_steps_factor must be an integer >= 1")]:
+        with pytest.raises(UserError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            _study(tmp_path, lines)
+
+
+def test_results_written_before_evaluators_were_named_still_count():
+    old = {"eval": {"max_steps_factor": 64, "variants": {}}}
+    assert recorded(old) == {"horizon": {"max_steps_factor": 64}}
+    assert missing({"horizon": {"max_steps_factor": 64}}, old) == {}
+    assert missing({"horizon": {"max_steps_factor": 64}, "per_step": {"images": 10}}, old) == {
+        "per_step": {"images": 10}}
+    assert recorded({}) == {"horizon": {"max_steps_factor": 4}}  # before the eval record existed
+
+
+def test_a_variant_the_core_does_not_take_is_known_from_the_core():
+    from recurvit.models import create_model
+
+    rec = create_model("bvit_tiny", img_size=8, patch_size=4, in_chans=1, num_classes=10, embed_dim=16,
+                       num_heads=2, steps=2)
+    ode = create_model("bvit_tiny", img_size=8, patch_size=4, in_chans=1, num_classes=10, embed_dim=16,
+                       num_heads=2, steps=2, core="ode", method="dopri5")
+    assert "does not apply" in rec.cfg.core_cls.accepts(rec.cfg, method="rk4")
+    assert ode.cfg.core_cls.accepts(ode.cfg, method="rk4") is None
+    assert "fixed-step" in ode.cfg.core_cls.accepts(ode.cfg, refine=2)  # an adaptive solver picks its own steps
+
+
+@pytest.mark.slow
+def test_per_step_figures_on_a_trained_run(tmp_path):
+    """skip_drop at step T of a recurrence is exactly the readout gain of its last step (skipping step T
+    reads z_{T-1} with the same head), and every figure is a number in range."""
+    study = _study(tmp_path, "  max_steps_factor: 1\n  per_step: {images: 100}")
+    rows = run_study(study, tmp_path / "runs", progress=False, log=lambda *a: None)
+    for r in rows:
+        T = r["steps"]
+        ps = r["per_step"]
+        assert len(ps["readout_accuracy"]) == len(ps["skip_drop"]) == len(ps["rel_update"]) == T
+        assert r["skip_drop_T"] == pytest.approx(r["readout_gain_T"], abs=1e-9)
+        assert 0 < r["cka_last_pair"] <= 1 + 1e-6 and r["rel_update_T"] > 0
+        assert ps["images"] == 100 and ps["readout_accuracy"][-1] == pytest.approx(r["acc_T"], abs=0.1)
