@@ -152,6 +152,19 @@ def test_history_says_whether_a_rule_came_before_its_results(tmp_path):
     study_file(tmp_path, changed)
     git(tmp_path, "commit", "-qam", "the early rule changed after its results")
     assert rule_came(tmp_path, path, "early", results) == "after"
+    # a figure added to the results later (a new evaluator's column): its results begin with that commit
+    newer = {**changed, "steps": claim(a={"regime": "naive"}, figure="skip_drop_T")}
+    study_file(tmp_path, newer)
+    git(tmp_path, "commit", "-qam", "a rule on a figure the results do not hold yet")
+    assert rule_came(tmp_path, path, "steps", results, ["skip_drop_T"]) == "before"  # no such column yet
+    assert rule_came(tmp_path, path, "steps", results) == "after"  # against the file's first commit
+    results.write_text("run_id,skip_drop_T\n")
+    git(tmp_path, "commit", "-qam", "the figure's results")
+    assert rule_came(tmp_path, path, "steps", results, ["skip_drop_T"]) == "before"
+    written_with = {**newer, "steps2": claim(a={"regime": "naive"}, figure="skip_drop_T")}
+    study_file(tmp_path, written_with)
+    git(tmp_path, "commit", "-qam", "a rule on that figure, after its results")
+    assert rule_came(tmp_path, path, "steps2", results, ["skip_drop_T"]) == "after"
 
 
 

@@ -181,6 +181,13 @@ def figure_of(row: Row, figure: Any) -> Optional[float]:
     return _num(row.get(figure))
 
 
+def figure_columns(figure: Any) -> List[str]:
+    """The results.csv columns a claim's figure reads."""
+    if isinstance(figure, dict):
+        return [*figure["mean_of"], *([figure["minus"]] if figure.get("minus") else [])]
+    return [s.strip() for s in str(figure).split(" - ")]
+
+
 def values(rows: Iterable[Row], cell: Mapping[str, Any], figure: Any) -> List[Tuple[str, float]]:
     """(seed, figure) of every run of the cell that has the figure, one run one observation."""
     out = []

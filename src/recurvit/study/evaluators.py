@@ -48,6 +48,7 @@ class Evaluator:
     name: ClassVar[str] = ""
     defaults: ClassVar[Dict[str, Any]] = {}
     free_form: ClassVar[bool] = False  # options are a mapping of the user's own names (variants)
+    columns: ClassVar[tuple] = ()  # the scalar columns it adds, written to results.csv where a run has them
 
     def check(self, options: Mapping[str, Any], where: str) -> Dict[str, Any]:
         """The options with their defaults filled in; UserError naming ``where`` for a bad one."""

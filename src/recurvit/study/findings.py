@@ -145,6 +145,13 @@ def _anytime_lines(root: Path) -> List[Line]:
     return lines
 
 
+def _columns(c: Claim) -> List[str]:
+    """The results.csv columns a claim's rule reads (its figure; none for a claim made of others)."""
+    from .claims import figure_columns
+
+    return [] if c.rule == "all_of" else figure_columns(c.spec.get("figure", "acc_T"))
+
+
 def collect(root: Path) -> List[Line]:
     """Every claim with its verdict: the studies' claims, then the study-less ones, in the sources' order."""
     lines: List[Line] = []
@@ -169,7 +176,7 @@ def collect(root: Path) -> List[Line]:
                 figure, verdict = decision_text(c, d), d.verdict
                 if len(rows) < len(study.runs):  # decided on the runs in so far: say so
                     figure += f" (partial study: {len(rows)} of {len(study.runs)} runs in)"
-            lines.append(Line(c, study.results.name, figure, verdict, rule_came(root, path, c.id, results)))
+            lines.append(Line(c, study.results.name, figure, verdict, rule_came(root, path, c.id, results, _columns(c))))
     studyless = root / "studies" / STUDYLESS
     if studyless.is_file():
         for c in load_claims(studyless):

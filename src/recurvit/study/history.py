@@ -1,11 +1,14 @@
 """Whether a claim's rule came before its results, read from git: the commit that last changed the
-claim (in its study file) against the first commit that holds the results file it reads."""
+claim (in its study file) against the first commit that holds the results it reads (the results file,
+and in it the columns of the claim's figure)."""
 from __future__ import annotations
 
+import csv
 import functools
+import io
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import yaml
 
@@ -50,22 +53,33 @@ def rule_commit(root: Path, study_file: Path, cid: str) -> Optional[str]:
     return None  # pragma: no cover
 
 
-def results_commit(root: Path, results_file: Path) -> Optional[str]:
-    """The first commit that holds ``results_file`` ("worktree" when it is not committed yet)."""
+def results_commit(root: Path, results_file: Path, columns: Sequence[str] = ()) -> Optional[str]:
+    """The first commit that holds ``results_file`` ("worktree" when it is not committed yet); with
+    ``columns``, the first commit whose copy of that CSV has every one of them in its header (a figure
+    added to a study's results later, for example by a new evaluator, has results from then on)."""
     rel = str(results_file.resolve().relative_to(root.resolve()))
     log = _git(root, "log", "--format=%H", "--diff-filter=A", "--", rel)
     if log is None:
         return None
     commits = log.split()
-    return commits[-1] if commits else "worktree"
+    if not commits:
+        return "worktree"
+    if not columns:
+        return commits[-1]
+    for commit in reversed((_git(root, "log", "--format=%H", "--", rel) or "").split()):  # oldest first
+        head = next(csv.reader(io.StringIO(_git(root, "show", f"{commit}:{rel}") or "")), [])
+        if set(columns) <= set(head):
+            return commit
+    return "worktree"
 
 
-def rule_came(root: Path, study_file: Path, cid: str, results_file: Path) -> str:
-    """"before" when the claim's rule was committed before the first commit of the results it reads,
-    "after" otherwise; "no results yet" when there are none; "unknown" outside a git repository."""
+def rule_came(root: Path, study_file: Path, cid: str, results_file: Path, columns: Sequence[str] = ()) -> str:
+    """"before" when the claim's rule was committed before the first commit of the results it reads
+    (``columns``: the results.csv columns of its figure), "after" otherwise; "no results yet" when
+    there are none; "unknown" outside a git repository."""
     if not results_file.is_file():
         return "no results yet"
-    rule, res = rule_commit(root, study_file, cid), results_commit(root, results_file)
+    rule, res = rule_commit(root, study_file, cid), results_commit(root, results_file, columns)
     if rule is None or res is None:
         return "unknown"
     if rule == "worktree":

@@ -17,7 +17,9 @@ from .stats import fmt_p, mean_ci, welch
 def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> None:
     axes = [a for a, _ in study.axes]
     variant_keys = sorted({f"variant_{k}" for r in rows for k, v in (r.get("variants") or {}).items() if v})
-    keys = ["run_id"] + axes + [k for k in STUDIES[study.task].CSV_KEYS if k not in axes] + variant_keys
+    evaluated = [c for ev in getattr(STUDIES[study.task], "EVALUATORS", {}).values() for c in ev.columns
+                 if any(r.get(c) is not None for r in rows)]  # an evaluator's figures, where some run has them
+    keys = ["run_id"] + axes + [k for k in STUDIES[study.task].CSV_KEYS if k not in axes] + evaluated + variant_keys
     import io
 
     from ..train.rundir import write_atomic

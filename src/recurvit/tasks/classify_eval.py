@@ -82,6 +82,7 @@ class Variants(Evaluator):
 class PerStep(Evaluator):
     name = "per_step"
     defaults = {"images": 2000}
+    columns = ("skip_drop_T", "skip_drop_mean", "rel_update_T", "rel_update_ratio", "cka_last_pair", "readout_gain_T")
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
         from ..analysis.per_step import analyze_model
