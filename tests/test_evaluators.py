@@ -117,7 +117,7 @@ def test_a_variant_the_core_does_not_take_is_known_from_the_core():
 @pytest.mark.slow
 def test_per_step_figures_on_a_trained_run(tmp_path):
     """skip_drop at step T of a recurrence is exactly the readout gain of its last step (skipping step T
-    reads z_{T-1} with the same head), and every figure is a number in range."""
+    reads z_{T-1} with the same head), skipping any other step costs the same, and every figure is in range."""
     study = _study(tmp_path, "  max_steps_factor: 1\n  per_step: {images: 100}")
     rows = run_study(study, tmp_path / "runs", progress=False, log=lambda *a: None)
     for r in rows:
@@ -125,5 +125,7 @@ def test_per_step_figures_on_a_trained_run(tmp_path):
         ps = r["per_step"]
         assert len(ps["readout_accuracy"]) == len(ps["skip_drop"]) == len(ps["rel_update"]) == T
         assert r["skip_drop_T"] == pytest.approx(r["readout_gain_T"], abs=1e-9)
+        # a step-independent recurrence skipped at ANY one step runs T - 1 steps: the same drop at every step
+        assert max(ps["skip_drop"]) == pytest.approx(min(ps["skip_drop"]), abs=1e-9)
         assert 0 < r["cka_last_pair"] <= 1 + 1e-6 and r["rel_update_T"] > 0
         assert ps["images"] == 100 and ps["readout_accuracy"][-1] == pytest.approx(r["acc_T"], abs=0.1)

@@ -202,7 +202,6 @@ def draw(ax, fixed: Sequence[float], curves: Dict[str, dict], T: int, title: str
     """Accuracy against mean steps per image: the fixed-depth curve (steps 1..K), one adaptive
     sweep per entry of ``curves`` ({label: {"rows": sweep rows, "point": calibrated row}})."""
     ax.plot(range(1, len(fixed) + 1), fixed, color="k", marker="o", ms=3, lw=1, label="fixed depth k")
-    ax.axvline(T, color="grey", ls="--", lw=0.8)
     for i, (label, c) in enumerate(curves.items()):
         color = f"C{i}"
         rows = sorted(c["rows"], key=lambda r: r["mean_steps"])
@@ -211,8 +210,15 @@ def draw(ax, fixed: Sequence[float], curves: Dict[str, dict], T: int, title: str
         p = c.get("point")
         if p is not None:
             ax.plot([p["mean_steps"]], [p["accuracy"]], color=color, marker="*", ms=12, mec="k", mew=0.6, ls="")
-    ax.set_xlabel("mean steps per image (dashed: trained T)")
-    ax.set_ylabel("test accuracy")
+    if any(c.get("point") is not None for c in curves.values()):  # the stars, explained once in the legend
+        ax.plot([], [], color="w", marker="*", ms=12, mec="k", mew=0.6, ls="",
+                label="threshold chosen on the calibration split")
+    ax.axvline(T, color="grey", ls="--", lw=0.8, label=f"trained steps T = {T}")
+    ax.set_xlabel("mean steps per image")
+    ax.set_ylabel("test accuracy (%)")
+    from matplotlib.ticker import PercentFormatter
+
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     if title:

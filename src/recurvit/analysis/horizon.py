@@ -90,8 +90,11 @@ def plot(curves: Dict[str, Dict[str, List[float]]], trained: int, path: Path, ti
     if chance is not None:
         ax.axhline(chance, color="grey", ls=":", lw=1, label=f"chance ({chance:.0%})")
     ax.set_xlabel("test-time steps")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 1.0)
+    from matplotlib.ticker import PercentFormatter
+
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     if title:

@@ -55,6 +55,10 @@ def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tenso
 
     B, U, N, r = examples.shape
     g = int(round(N ** 0.5))
+    # a diverging scale centred on the uniform weight 1/r: weights near it (SoftMoR's often are) still differ
+    uniform = 1.0 / r
+    lim = max(float((examples.mean(dim=1) - uniform).abs().max()), float((mean - uniform).abs().max()), 1e-3)
+    scale = dict(vmin=uniform - lim, vmax=uniform + lim, cmap="RdBu_r")
     per_step = examples.mean(dim=1).reshape(B, g, g, r)  # averaged over units
     fig = Figure(figsize=(1.6 * (r + 1), 1.6 * (B + 1)), dpi=110)
     axes = fig.subplots(B + 1, r + 1, squeeze=False)
@@ -62,7 +66,7 @@ def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tenso
         img = images[b]
         axes[b, 0].imshow(img.permute(1, 2, 0).squeeze(-1).numpy(), cmap="gray")
         for i in range(r):
-            im = axes[b, i + 1].imshow(per_step[b, :, :, i].numpy(), vmin=0, vmax=1, cmap="viridis")
+            im = axes[b, i + 1].imshow(per_step[b, :, :, i].numpy(), **scale)
             if b == 0:
                 axes[b, i + 1].set_title(f"step {i + 1}", fontsize=8)
     for ax in axes.flat:
@@ -72,7 +76,7 @@ def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tenso
     ax = axes[B, 0]
     ax.set_visible(False)
     big = fig.add_subplot(B + 1, 1, B + 1)
-    big.imshow(mean.T.numpy(), aspect="auto", vmin=0, vmax=1, cmap="viridis")
+    big.imshow(mean.T.numpy(), aspect="auto", **scale)
     big.set_xlabel("unit (block)", fontsize=8)
     big.set_ylabel("step", fontsize=8)
     big.set_yticks(range(r), [str(i + 1) for i in range(r)], fontsize=7)
@@ -80,7 +84,8 @@ def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tenso
     big.set_title("mean mixture weight over the test set", fontsize=8)
     for ax in axes[B, 1:]:
         ax.set_visible(False)
-    fig.colorbar(im, ax=axes[:B, 1:].ravel().tolist(), shrink=0.6)
+    fig.colorbar(im, ax=axes[:B, 1:].ravel().tolist(), shrink=0.6,
+                 label=f"mixture weight (white: uniform 1/{r} = {uniform:.2f}; red above, blue below)")
     if title:
         fig.suptitle(title, fontsize=9)
     fig.savefig(path)

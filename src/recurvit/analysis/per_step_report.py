@@ -4,6 +4,8 @@ untouched.
 """
 from __future__ import annotations
 
+import math
+
 import csv
 from pathlib import Path
 from typing import List, Sequence
@@ -160,8 +162,11 @@ def plot_all(res: dict, out, title: str = "") -> List[str]:
         labels = res["cka"]["labels"]
         fig = Figure(figsize=(9, 4), dpi=110, constrained_layout=True)
         axes = fig.subplots(1, 2)
+        # the scale starts at the lowest value shown (to a tenth), so that states of similar CKA differ in colour
+        low = math.floor(10 * min(min(min(row) for row in res["cka"][k]) for k in ("tokens", "pooled"))) / 10
+        low = min(max(low, 0.0), 0.9)
         for ax, key in zip(axes, ("tokens", "pooled")):
-            im = ax.imshow(res["cka"][key], vmin=0, vmax=1, cmap="viridis")
+            im = ax.imshow(res["cka"][key], vmin=low, vmax=1, cmap="viridis")
             ax.set_xticks(range(len(labels)), labels, fontsize=7)
             ax.set_yticks(range(len(labels)), labels, fontsize=7)
             ax.set_title(f"linear CKA between {unit}s ({key})", fontsize=9)
@@ -170,7 +175,7 @@ def plot_all(res: dict, out, title: str = "") -> List[str]:
                     for j in range(len(labels)):
                         ax.text(j, i, f"{res['cka'][key][i][j]:.2f}", ha="center", va="center", fontsize=5,
                                 color="w" if res["cka"][key][i][j] < 0.6 else "k")
-        fig.colorbar(im, ax=axes, shrink=0.8)
+        fig.colorbar(im, ax=axes, shrink=0.8, label=f"linear CKA (1: the same representation; scale from {low:.1f})")
         if title:
             fig.suptitle(title, fontsize=9)
         fig.savefig(out / "cka.png")
@@ -197,7 +202,7 @@ def plot_all(res: dict, out, title: str = "") -> List[str]:
             ax.set_xlabel(unit)
             ax.set_ylabel(name)
             ax.set_title(f"accuracy drop (points), {name} masked at one {unit}", fontsize=8)
-            fig.colorbar(im, ax=ax)
+            fig.colorbar(im, ax=ax, label="accuracy drop (points; red: lost, blue: gained)")
         axes[2].bar([r["step"] for r in p["skip"]], [100 * r["drop"] for r in p["skip"]])
         axes[2].set_xticks(range(1, K + 1))
         axes[2].set_xlabel(unit)

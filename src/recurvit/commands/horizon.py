@@ -42,7 +42,9 @@ def run(args) -> int:
     write_csv(sweep, out_dir / "horizon.csv")
     label = f"{cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)})"
     chance = 1.0 / info.num_classes
-    plot({label: sweep}, T, out_dir / "horizon.png", title=str(args.run), chance=chance)
+    run_name = (args.run if args.run.is_dir() else args.run.parent).resolve().name
+    plot({label: sweep}, T, out_dir / "horizon.png", chance=chance,
+         title=f"{run_name}: {label} on {cfg.data.name}, trained T = {T}, swept to {K} steps")
     summary = {"run": str(args.run), "model": cfg.model.name, "core": model.cfg.core, **summarize(sweep, T),
                "chance": chance,
                "csv": str(out_dir / "horizon.csv"), "png": str(out_dir / "horizon.png"), "note": note}

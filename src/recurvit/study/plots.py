@@ -19,6 +19,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import PercentFormatter
+
+PERCENT = PercentFormatter(xmax=1.0, decimals=0)  # accuracies are stored as fractions, shown in % as the tables
+
+
+def _percent(ax, *which: str) -> None:
+    for w in which or ("y",):
+        getattr(ax, f"{w}axis").set_major_formatter(PERCENT)
 
 
 def pareto(points: Sequence[Tuple[float, float]], lower_x: bool = True) -> List[Tuple[float, float]]:
@@ -43,25 +51,35 @@ def _save(fig: Figure, path: Path) -> str:
 
 
 def cost_fronts(cells: List[Dict[str, Any]], out: Path, name: str) -> List[Tuple[str, str]]:
+    """Accuracy at T against a cost, one labelled point per cell (with its 95% interval over seeds), recurrent
+    and standard models as two Pareto fronts. Cells at the same cost (one recurrent block run for any number
+    of steps stores the same parameters) get their labels stacked, so that each point stays named."""
     made = []
     for cost, fname, xlabel in (("params_stored", "acc_vs_params.png", "stored parameters"),
                                 ("flops_forward", "acc_vs_flops.png", "forward FLOPs per image")):
-        fig = Figure(figsize=(5.5, 3.6), dpi=120)
+        fig = Figure(figsize=(6.5, 4.2), dpi=120)
         ax = fig.add_subplot()
+        stacked: Dict[float, int] = {}
         for shared, color, label in ((True, "tab:blue", "recurrent (shared blocks)"),
                                      (False, "tab:orange", "standard (independent blocks)")):
-            pts = [(c[cost], c["acc_T"]["mean"]) for c in cells
-                   if c["shares_blocks"] == shared and not math.isnan(c["acc_T"]["mean"])]
-            if not pts:
+            own = [c for c in cells if c["shares_blocks"] == shared and not math.isnan(c["acc_T"]["mean"])]
+            if not own:
                 continue
-            ax.scatter(*zip(*pts), color=color, s=18, alpha=0.7, label=label)
+            pts = [(c[cost], c["acc_T"]["mean"]) for c in own]
+            ax.errorbar([x for x, _ in pts], [y for _, y in pts], yerr=[_err(c["acc_T"]) for c in own], fmt="o",
+                        color=color, ms=4, capsize=2, lw=0.8, alpha=0.8, label=label)
             ax.step(*zip(*pareto(pts)), where="post", color=color, lw=1.2)
+            for c, (x, y) in sorted(zip(own, pts), key=lambda cp: -cp[1][1]):
+                k = stacked[x] = stacked.get(x, -1) + 1
+                ax.annotate(c["cell"], (x, y), fontsize=6, xytext=(4, 3 - 8 * k), textcoords="offset points",
+                            color=color)
         ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("test accuracy at T")
+        ax.set_xlabel(f"{xlabel} (log scale)")
+        ax.set_ylabel("test accuracy at T (%)")
+        _percent(ax)
         ax.grid(alpha=0.3)
         _legend(ax, fontsize=7)
-        ax.set_title(f"{name}: accuracy vs {xlabel}", fontsize=9)
+        ax.set_title(f"{name}: accuracy vs {xlabel} (95% intervals over seeds; line: Pareto front)", fontsize=9)
         made.append((f"accuracy vs {xlabel}", _save(fig, out / fname)))
     return made
 
@@ -78,8 +96,9 @@ def horizon(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) ->
         ax.axhline(chance, color="grey", ls=":", lw=1, label="chance")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("test-time steps (log scale; dashed: training horizon T)")
-    ax.set_ylabel("test accuracy (mean over seeds)")
+    ax.set_ylabel("test accuracy, mean over seeds (%)")
     ax.set_ylim(0, 1)
+    _percent(ax)
     ax.grid(alpha=0.3)
     _legend(ax, fontsize=6, ncol=2)
     ax.set_title(f"{name}: accuracy against test-time steps", fontsize=9)
@@ -87,7 +106,7 @@ def horizon(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) ->
 
 
 def epochs(cells: List[Dict[str, Any]], out: Path, name: str, key: str = "curve",
-           ylabel: str = "test accuracy") -> Tuple[str, str]:
+           ylabel: str = "test accuracy", percent: bool = True) -> Tuple[str, str]:
     fig = Figure(figsize=(6, 3.6), dpi=120)
     ax = fig.add_subplot()
     for c in cells:
@@ -95,7 +114,9 @@ def epochs(cells: List[Dict[str, Any]], out: Path, name: str, key: str = "curve"
         if ys:
             ax.plot(range(1, len(ys) + 1), ys, marker=".", ms=3, lw=1, label=c["cell"])
     ax.set_xlabel("epoch")
-    ax.set_ylabel(f"{ylabel} (first seed)")
+    ax.set_ylabel(f"{ylabel}, first seed" + (" (%)" if percent else ""))
+    if percent:
+        _percent(ax)
     ax.grid(alpha=0.3)
     _legend(ax, fontsize=6, ncol=2)
     ax.set_title(f"{name}: {ylabel} against epoch", fontsize=9)
@@ -122,8 +143,9 @@ def frontier(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) -
             ax.plot(xs, ys, color="tab:red", lw=1, ls="--", label="Pareto front")
         if key == "acc_16T" and not math.isnan(chance):
             ax.axhline(chance, color="grey", ls=":", lw=1, label="chance")
-        ax.set_xlabel("nominal accuracy (at T)")
-        ax.set_ylabel(ylabel)
+        ax.set_xlabel("nominal accuracy, at T (%)")
+        ax.set_ylabel(f"{ylabel} (%)")
+        _percent(ax, "x", "y")
         ax.grid(alpha=0.3)
         _legend(ax, fontsize=7)
     fig.suptitle(f"{name}: accuracy-robustness frontier (95% intervals over seeds)", fontsize=9)

@@ -110,4 +110,4 @@ def tables(cs: List[Dict[str, Any]], study) -> List[str]:
 
 def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
     return [plots.psnr_vs_params(cs, out_dir, study.name),
-            plots.epochs(cs, out_dir, study.name, ylabel="test PSNR (dB)")]
+            plots.epochs(cs, out_dir, study.name, ylabel="test PSNR (dB)", percent=False)]
