@@ -398,3 +398,23 @@ def test_a_study_resumes_from_its_results_folder_on_a_machine_without_its_runs(s
     assert [r["acc_T"] for r in again] == [r["acc_T"] for r in rows]
     assert {r["run_id"] for r in collect(tmp_path / "elsewhere", study)} == {"rec__seed=0", "rec__seed=1"}
     assert rows[0]["plateau_test"] is None  # one epoch: no plateau to read
+
+
+def test_a_report_rebuilt_from_its_table_archives_nothing_and_keeps_its_comparisons(tmp_path, capsys):
+    """On a machine without the run directories, --report-only rebuilds the report from results.csv; the
+    table's rows are not results, so no result.json is made from them (a later report would read those)."""
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "s.yaml").write_text(STUDY.format(base="base.yaml").replace(
+        "results: out_results", "report: {compare: [[rec, vit]]}\nresults: out_results"))
+    study = load_study(tmp_path / "s.yaml")
+    rows = [{"run_id": f"{g}__seed={s}", "regime": g, "train.seed": str(s), "model": "m", "core": "recurrent",
+             "runs_as": "recurrent", "shares_blocks": g == "rec", "embed_dim": 8, "depth": 1, "steps": 2, "seed": s,
+             "epochs": 1, "params": 10, "params_stored": 10, "flops_forward": 100, "nfe": 2, "chance": 0.1,
+             "acc_T": 0.5 + 0.1 * (g == "rec") + 0.01 * s, "train_seconds": 1.0}
+            for g in ("rec", "vit") for s in (0, 1)]
+    write_report(rows, study, study.results)
+    before = (study.results / "report.md").read_text()
+    assert "| rec − vit | acc@T | +10.00 |" in before
+    assert main(["study", str(tmp_path / "s.yaml"), "--report-only"]) == 0
+    assert not (study.results / "runs").exists()
+    assert "| rec − vit | acc@T | +10.00 |" in (study.results / "report.md").read_text()

@@ -111,16 +111,16 @@ def _run(args, study, out, workers, opts) -> int:
     if args.report_only:
         rows = collect(out, study)
         saved = (study.results or out) / "results.csv"
+        for r in rows:  # a result the results folder does not keep yet (a run of an older runner)
+            copy = archived(study, r.get("run_id", ""))
+            if copy is not None and not copy.is_file() and "error" not in r:
+                archive(study, r)
         if not rows and saved.is_file():  # the runs are gone (another machine): rebuild from the table
             from ..study.report import rows_from_csv
 
-            rows = rows_from_csv(saved, study)
+            rows = rows_from_csv(saved, study)  # (a table's rows are not results: nothing is archived from them)
         if not rows:
             raise UserError(f"no finished runs in {out} and no {saved}; run the study first")
-        for r in rows:  # a result the results folder does not keep yet (a run of an older runner)
-            copy = archived(study, r.get("run_id", ""))
-            if copy is not None and not copy.is_file():
-                archive(study, r)
     elif args.launcher == "submitit":
         from ..study.launch import run_study_submitit
 
