@@ -3,6 +3,7 @@ TYPE_CHECKING ones included, as a graph tool such as pydeps would draw it).
 
     python scripts/import_cycles.py            # prints each cycle; exit status 1 if there is one
     python scripts/import_cycles.py --dot      # the graph in Graphviz dot format
+    python scripts/import_cycles.py --packages # also the cycles between top-level parts (train, analysis, ...)
 """
 from __future__ import annotations
 
@@ -44,6 +45,16 @@ def graph(src: Path = SRC) -> Dict[str, Set[str]]:
                 if t in mods and t != m:
                     edges[m].add(t)
     return edges
+
+
+def packages(edges: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    """The same graph between the package's top-level parts (recurvit.train, recurvit.analysis, ...),
+    leaving out imports of the package root (its public re-exports)."""
+    top = lambda m: ".".join(m.split(".")[:2])  # noqa: E731
+    out: Dict[str, Set[str]] = {}
+    for m, ts in edges.items():
+        out.setdefault(top(m), set()).update(top(t) for t in ts if top(t) not in (top(m), "recurvit"))
+    return out
 
 
 def cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
@@ -94,6 +105,9 @@ def main(argv: List[str]) -> int:
     found = cycles(edges)
     for c in found:
         print("cycle:", " <-> ".join(c))
+    if "--packages" in argv:  # for reading: parts that import each other (tasks <-> study is by design)
+        for c in cycles(packages(edges)):
+            print("package cycle:", " <-> ".join(c))
     print(f"{len(edges)} modules, {sum(map(len, edges.values()))} imports, {len(found)} cycles")
     return 1 if found else 0
 

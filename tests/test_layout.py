@@ -1,9 +1,10 @@
-import pytest
 """The package's shape: no import cycle, files of one job each, no branch on a core's name outside
 models/ (a core answers for itself)."""
 import re
 import subprocess
 import sys
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,6 +16,19 @@ def test_no_import_cycle():
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_cycles.py")], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout
     assert "0 cycles" in res.stdout
+
+
+def test_runtime_train_and_analysis_are_layered():
+    """runtime (device, loaders, processes) under train under analysis, counting function-local imports:
+    analysis reads runs (train.checkpoint, train.losses); train never imports analysis; runtime neither."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from import_cycles import graph, packages
+    finally:
+        sys.path.pop(0)
+    parts = packages(graph())
+    assert "recurvit.analysis" not in parts["recurvit.train"]
+    assert not parts["recurvit.runtime"] & {"recurvit.train", "recurvit.analysis", "recurvit.tasks", "recurvit.study"}
 
 
 def test_no_file_does_several_jobs():

@@ -304,7 +304,7 @@ def test_piped_output_is_one_line_per_epoch_and_no_progress_bar(tmp_path):
 def test_long_work_in_a_pipe_prints_a_progress_line_at_a_steady_interval(monkeypatch, capsys):
     from tqdm.auto import tqdm
 
-    from recurvit.train import runtime
+    from recurvit import runtime
 
     monkeypatch.setattr(runtime.sys.stderr, "isatty", lambda: False, raising=False)
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
@@ -329,7 +329,7 @@ def test_train_log_every_writes_timm_style_lines(tmp_path, capsys):
 
 
 def test_tqdm_disable_is_honoured_even_on_a_terminal(monkeypatch):
-    from recurvit.train import runtime
+    from recurvit import runtime
 
     monkeypatch.setattr(runtime.sys.stderr, "isatty", lambda: True, raising=False)
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
@@ -346,7 +346,7 @@ def test_every_progress_bar_asks_whether_someone_watches(monkeypatch):
 
     import recurvit
     from recurvit.analysis import per_step
-    from recurvit.train import runtime
+    from recurvit import runtime
 
     src = Path(recurvit.__file__).parent
     for f in src.rglob("*.py"):

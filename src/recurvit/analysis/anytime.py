@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from ..models.adaptive import CRITERIA, exit_steps, forward_adaptive, plan_steps, step_signals
-from ..train.runtime import autocast
+from ..runtime import autocast
 
 SWEEP_LEVELS = 12  # thresholds in a sweep: quantiles of the calibration signals
 CANDIDATES = 256  # thresholds calibration chooses among

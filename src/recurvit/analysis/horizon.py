@@ -22,7 +22,7 @@ def horizon_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_
     (``progress``: a bar over the batches, shown only on a terminal)."""
     from tqdm.auto import tqdm
 
-    from ..train.runtime import bar_options
+    from ..runtime import bar_options
 
     model.eval()
     K = max_steps

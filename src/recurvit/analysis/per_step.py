@@ -140,7 +140,7 @@ def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.
 
 
 def _progress(items, on: bool, desc: str):
-    from ..train.runtime import show_progress
+    from ..runtime import show_progress
 
     if not show_progress(on):  # a bar only on a terminal (and never with --json)
         return items

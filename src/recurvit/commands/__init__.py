@@ -31,7 +31,7 @@ def add_device_arg(p) -> None:
 
 
 def add_force_arg(p) -> None:
-    """``--force``: run even when the time / memory estimate (train/budget.py) says it will not fit."""
+    """``--force``: run even when the time / memory estimate (analysis/budget.py) says it will not fit."""
     p.add_argument("--force", action="store_true", help="run even when the time or memory estimate is far beyond "
                                                        "this machine")
 
@@ -51,7 +51,7 @@ def open_trained(args, **options):
     applied, the device of ``--device`` and the run's test split."""
     from ..export.hf import hf_run_config, is_hf_folder, load_hf
     from ..train.checkpoint import check_finite, load_model_and_config
-    from ..train.runtime import build_test_loader, pick_device
+    from ..runtime import build_test_loader, pick_device
 
     if is_hf_folder(args.run):  # a folder written by `recurvit export --format hf`
         if options:
@@ -69,7 +69,7 @@ def open_trained(args, **options):
 
 def check_cost(model, loader, device, steps: int, batches: int, args) -> None:
     """The time / memory estimate of ``batches`` batches at ``steps`` steps (``--force`` overrides)."""
-    from ..train.budget import check_eval_cost
+    from ..analysis.budget import check_eval_cost
 
     check_eval_cost(model, next(iter(loader))[0].to(device), steps, batches,
                     keeps_states=model.core.keeps_states, force=args.force)
@@ -131,9 +131,9 @@ def apply_data_root(cfg, root) -> None:
 def launch_processes(args, cfg, out, command: List[str]) -> int:
     """``recurvit <command> --nproc N``: check what can be checked here (batch split, devices, the run
     directory), then run the command in N processes under torchrun; returns its exit status."""
-    from ..train import distributed as dist_io
+    from ..runtime import distributed as dist_io
     from ..train.rundir import check_available
-    from ..train.runtime import default_run_dir
+    from ..runtime import default_run_dir
 
     dist_io.per_rank_batch(cfg.train.batch_size, args.nproc)
     dist_io.check_devices(cfg.train.device, args.nproc)

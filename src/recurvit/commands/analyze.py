@@ -38,9 +38,9 @@ def run(args) -> int:
     from ..analysis.per_step_report import summarize, write_outputs
     from ..data import build_datasets
     from ..errors import UserError
-    from ..train.budget import check_eval_cost
+    from ..analysis.budget import check_eval_cost
     from ..train.checkpoint import load_model_and_config
-    from ..train.runtime import pick_device
+    from ..runtime import pick_device
 
     what = [w.strip() for w in args.what.split(",") if w.strip()]
     bad = [w for w in what if w not in ANALYSES]

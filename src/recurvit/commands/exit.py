@@ -73,9 +73,9 @@ def run(args) -> int:
     from ..data.calibration import CALIBRATION_FRACTION, calibration_split, holdout_split
     from ..errors import UserError
     from ..models.adaptive import has_step_readouts, plan_steps
-    from ..train.budget import check_eval_cost
+    from ..analysis.budget import check_eval_cost
     from ..train.checkpoint import load_model_and_config
-    from ..train.runtime import pick_device
+    from ..runtime import pick_device
 
     _check(args)
     model, cfg = load_model_and_config(args.run)

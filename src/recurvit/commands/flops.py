@@ -31,7 +31,7 @@ def run(args) -> int:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
-    from ..train.runtime import pick_device
+    from ..runtime import pick_device
 
     try:
         res = account(args.model, batch=args.batch_size, device=pick_device(args.device), memory=not args.no_memory,

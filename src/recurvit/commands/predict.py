@@ -31,7 +31,7 @@ def run(args) -> int:
     from ..errors import UserError
     from ..export.predict import image_files, predict, read_images
     from ..train.checkpoint import load_model
-    from ..train.runtime import pick_device
+    from ..runtime import pick_device
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")

@@ -124,11 +124,11 @@ def run(args) -> int:
 
 
 def _train(args) -> int:
-    from ..train.runtime import default_run_dir
+    from ..runtime import default_run_dir
     from ..vae.config import default_config_path, load_vae_config
     from ..tasks.vae import train_vae
 
-    from ..train import distributed as dist_io
+    from ..runtime import distributed as dist_io
 
     cfg = load_run_config(args, load_vae_config, default_config_path())
     out = args.resume if args.resume is not None else args.out
@@ -155,7 +155,7 @@ def _train(args) -> int:
 
 def _setup(args):
     """(model on device, cfg, test set, test loader, device) of a run."""
-    from ..train.runtime import pick_device
+    from ..runtime import pick_device
     from ..vae.data import build_vae_datasets
     from ..vae.evaluate import load_vae_run, make_test_loader
 

@@ -141,7 +141,7 @@ def run_study_submitit(study: Study, out: Path, opts: ClusterOptions, progress: 
     :func:`~recurvit.study.runner.run_study` does)."""
     from tqdm.auto import tqdm
 
-    from ..train.runtime import show_progress
+    from ..runtime import show_progress
 
     opts.check()
     out = Path(out).resolve()

@@ -141,7 +141,7 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
               only: Sequence[str] = ()) -> List[Dict[str, Any]]:
     from tqdm.auto import tqdm
 
-    from ..train.runtime import show_progress
+    from ..runtime import show_progress
 
     (out / "runs").mkdir(parents=True, exist_ok=True)
     done, todo = pending(study, out, only)

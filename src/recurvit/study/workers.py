@@ -82,7 +82,7 @@ def train_in_processes(command: List[str], base: str, overrides: List[str], out:
     import subprocess
 
     from ..errors import UserError
-    from ..train import distributed as dist_io
+    from ..runtime import distributed as dist_io
     from ..train.rundir import RunDir
 
     resume = (out / "config.yaml").is_file()  # else: a new run (or one killed before it wrote anything)

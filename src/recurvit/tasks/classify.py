@@ -3,7 +3,7 @@
 The task never knows which core it drives: it asks the model for logits at readout steps
 (``forward_steps(..., at=...)``) and weighs them with ``losses.supervised_loss``.
 
-Speed and scale: under torchrun the run is data-parallel (DDP; see ``train/distributed.py`` for
+Speed and scale: under torchrun the run is data-parallel (DDP; see ``runtime/distributed.py`` for
 the conventions: global batch, sample order, rank-0 I/O); ``train.compile=true`` compiles each
 block (regional ``torch.compile``: no recompilation when the step count changes);
 ``train.activation_checkpointing=true`` recomputes every block application in backward; bf16
@@ -24,13 +24,13 @@ from ..errors import UserError
 from ..data.datasets import native_size
 from ..export.preprocessing import data_record
 from ..train import checkpoint as ckpt_io
-from ..train import distributed as dist_io
-from ..train.budget import check_param_memory, check_train_memory
+from ..runtime import distributed as dist_io
+from ..analysis.budget import check_param_memory, check_train_memory
 from ..train.checks import Diverged, check_train_config, out_of_memory
 from ..train.fit import fit
 from ..train.losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
 from ..train.optim import build_optimizer, build_scheduler, optimizer_step
-from ..train.runtime import autocast, bar_options, build_loaders, build_val_loader, resolve_model_config, set_epoch
+from ..runtime import autocast, bar_options, build_loaders, build_val_loader, resolve_model_config, set_epoch
 from .base import Task
 
 
@@ -313,7 +313,7 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
     """Train ``cfg`` into run directory ``out`` (or continue it from last.pt); returns the final metrics.
 
     With ``resume`` the overrides in ``cfg`` follow the rule of :mod:`recurvit.train.resume`;
-    ``force`` starts even when the memory estimate (:mod:`recurvit.train.budget`) says it will
+    ``force`` starts even when the memory estimate (:mod:`recurvit.analysis.budget`) says it will
     not fit; ``stop_after=k`` ends after epoch k as an interruption would. Under torchrun every rank
     calls this with the same arguments (see :func:`recurvit.train.fit.fit`)."""
     return fit(ClassifyTask(cfg), out, resume=resume, log=log, stop_after=stop_after, force=force)

@@ -13,7 +13,7 @@ from ..study.grouping import axis_of, pairs, table
 from ..study.plateau import plateau_column, plateau_per_seed, plateau_text
 from ..study.stats import fmt_ci, mean_ci, welch
 from ..study.workers import run_config, train_in_processes
-from ..train.runtime import quiet
+from ..runtime import quiet
 from .classify_eval import EVALUATORS
 
 name = "classify"
@@ -42,7 +42,7 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
     from ..train.checkpoint import load_model_and_config
     from .classify import train
     from ..train.rundir import RunDir
-    from ..train.runtime import build_test_loader, pick_device
+    from ..runtime import build_test_loader, pick_device
     from ..study.plateau import plateau_change
 
     cfg = run_config(load_config, out, base, overrides)

@@ -56,7 +56,7 @@ from ..models.adapters import adapter_spec, attach_adapters, plain_state, unroll
 from ..train import checkpoint as ckpt_io
 from ..train.fit import fit
 from ..train.rundir import write_atomic
-from ..train.runtime import build_loaders, build_val_loader, seed_everything
+from ..runtime import build_loaders, build_val_loader, seed_everything
 from .classify import ClassifyTask
 
 RECIPE = "finetune.json"  # the fine-tune's recipe (written before epoch 1) and, once done, its summary

@@ -12,7 +12,7 @@ from ..study.grouping import table
 from ..study.plateau import plateau_column
 from ..study.stats import fmt_ci
 from ..study.workers import run_config, train_in_processes
-from ..train.runtime import quiet
+from ..runtime import quiet
 
 name = "vae"
 CSV_KEYS = ["model", "operator", "core", "seed", "epochs", "params_stored", "params_effective", "flops_forward",
@@ -33,7 +33,7 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
 
     from ..analysis.accounting import count_params, measure_flops
     from ..train.rundir import RunDir
-    from ..train.runtime import pick_device
+    from ..runtime import pick_device
     from ..vae.config import load_vae_config
     from ..vae.data import build_vae_datasets
     from ..vae.evaluate import evaluate_vae, load_vae_run, make_test_loader

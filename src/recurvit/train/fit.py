@@ -12,7 +12,7 @@ What the loop owns, for every task alike:
 - resume: the config changes a resume makes are checked (:mod:`recurvit.train.resume`), model,
   optimizer, schedule and RNG are restored, metric lines past the checkpoint are dropped;
 - processes: under torchrun every rank calls ``fit`` (the task's loaders shard by the
-  :class:`~recurvit.train.distributed.DistEnv` it is given), rank 0 alone writes and logs;
+  :class:`~recurvit.runtime.distributed.DistEnv` it is given), rank 0 alone writes and logs;
 - TensorBoard (a copy of each metrics line), divergence, out-of-memory and full-disk messages, and
   ``stop_after=k``: end after epoch k as an interruption would (a later resume continues it).
 
@@ -28,11 +28,11 @@ from typing import Any, Dict, Optional
 import torch
 
 from . import checkpoint as ckpt_io
-from . import distributed as dist_io
+from ..runtime import distributed as dist_io
 from .checks import Diverged, how_to_go_on
 from .resume import check_resume
 from .rundir import RunDir, open_run, write_atomic
-from .runtime import pick_device, quiet, seed_everything
+from ..runtime import pick_device, quiet, seed_everything
 from .tensorboard import EpochWriter
 
 

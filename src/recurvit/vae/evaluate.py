@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
 from ..train import checkpoint as ckpt_io
-from ..train.runtime import autocast
+from ..runtime import autocast
 from .config import VAERunConfig, config_from_dict
 from .metrics import out_of_range, psnr, ssim, to_unit
 

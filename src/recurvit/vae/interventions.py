@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from .evaluate import evaluate_vae
 from .. import tables
-from ..train.runtime import show_progress
+from ..runtime import show_progress
 
 COLUMNS = ["kind", "side", "scale", "loop", "factor", "enc_loops", "dec_loops", "block_applications",
            "psnr", "ssim", "out_of_range", "delta_psnr"]

@@ -87,7 +87,7 @@ def profile_models(cfg: VAERunConfig, operators: Sequence[str] = ("conv", "trans
     The models are timed round-robin (repeat r of every model, then repeat r + 1, ...), so a slow
     phase of a shared machine or a warm-up effect does not fall on one model only."""
     from ..models import model_config
-    from ..train.runtime import pick_device
+    from ..runtime import pick_device
 
     dev = pick_device(device)  # auto, cpu, cuda[:N]: the CLI's one device rule
     rows, cases = [], []

@@ -1,4 +1,6 @@
-"""What a run needs around its loop: device, autocast, seeds, data loaders, run directory names."""
+"""Where and how code runs, for training, evaluation, analysis and studies alike: device, autocast,
+seeds, data loaders, progress bars and lines, run directory names; data parallelism is
+:mod:`recurvit.runtime.distributed`. It imports nothing of train/, analysis/, tasks/ or study/."""
 from __future__ import annotations
 
 import os

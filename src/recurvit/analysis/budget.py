@@ -63,7 +63,7 @@ def check_param_memory(build_meta: Callable[[], nn.Module], device: torch.device
 def activation_bytes(model: nn.Module, input_shape: Tuple[int, int, int], steps: int, batch: int) -> int:
     """Bytes autograd keeps for one training step of ``batch`` images at ``steps`` steps,
     extrapolated from one image at one and two steps (linear in both)."""
-    from ..analysis.memory import saved_tensor_bytes
+    from .memory import saved_tensor_bytes
 
     one = saved_tensor_bytes(model, 1, input_shape, steps=1)
     limit = model.core.limit
