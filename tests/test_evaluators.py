@@ -129,3 +129,38 @@ def test_per_step_figures_on_a_trained_run(tmp_path):
         assert max(ps["skip_drop"]) == pytest.approx(min(ps["skip_drop"]), abs=1e-9)
         assert 0 < r["cka_last_pair"] <= 1 + 1e-6 and r["rel_update_T"] > 0
         assert ps["images"] == 100 and ps["readout_accuracy"][-1] == pytest.approx(r["acc_T"], abs=0.1)
+
+
+def test_loop_interventions_evaluator_on_a_tiny_loopvae(tmp_path):
+    """The LoopVAE study's evaluator: the intervention rows, every loop's update size, and the figures its
+    claims read, consistent with the rows (one loop fewer = the truncate row; skipping = factor 0)."""
+    from test_loopvae import TINY_RUN
+
+    overrides = "\n".join(f"  {k}: {v}" for k, v in (o.split("=", 1) for o in TINY_RUN))
+    (tmp_path / "s.yaml").write_text(f"""
+name: loops
+task: vae
+base: {str(__import__('recurvit').__file__).rsplit('/', 1)[0]}/configs/vae/photos.yaml
+overrides:
+{overrides}
+  train.threads: 1
+grid:
+  train.seed: [0]
+eval:
+  interventions: {{truncate: [1], factors: [0.0, 2.0]}}
+results: res
+""")
+    study = load_study(tmp_path / "s.yaml")
+    [r] = run_study(study, tmp_path / "runs", progress=False, log=lambda *a: None)
+    assert "error" not in r, r.get("error")
+    rows = {(x["kind"], x["side"], x["scale"], x["factor"]): x for x in r["interventions"]}
+    trained = rows[("trained", "both", "", "")]
+    assert trained["psnr"] == pytest.approx(r["psnr"], abs=1e-6)  # the trained row is the run's own evaluation
+    one_fewer = next(x for x in r["interventions"] if x["kind"] == "truncate")
+    assert r["trunc1_cost_db"] == pytest.approx(trained["psnr"] - one_fewer["psnr"])
+    skipped = [x for x in r["interventions"] if x["kind"] == "scale_update" and x["factor"] == 0.0]
+    assert r["skip_last_cost_db"] == pytest.approx(sum(trained["psnr"] - x["psnr"] for x in skipped) / len(skipped))
+    sizes = {(u["side"], u["scale"], u["loop"]): u["rel"] for u in r["update_sizes"]}
+    assert all(v > 0 for v in sizes.values()) and len(sizes) == 2 * sum(
+        int(v) for v in trained["enc_loops"].split("-"))  # every trained loop of encoder and decoder
+    assert r["last_update_rel"] > 0

@@ -58,6 +58,26 @@ def test_superiority_verdicts():
     assert superiority(PA, PB, side=-1, paired=True).verdict == NOT_REPRODUCED
 
 
+def test_superiority_by_a_stated_size_against_scipy():
+    """"a beats b by more than m": the interval of a - b against m; p of the t test of a - b = m."""
+    diff = np.mean(A) - np.mean(B)  # about 0.02
+    r = stats.ttest_ind(A, B, equal_var=False)
+    ci = r.confidence_interval(0.95)
+    d = superiority(A, B, by=0.01)
+    assert (d.estimate, d.lo, d.hi) == (pytest.approx(diff), pytest.approx(ci.low), pytest.approx(ci.high))
+    shifted = stats.ttest_ind(A, [b + 0.01 for b in B], equal_var=False)
+    assert d.p == pytest.approx(shifted.pvalue)
+    assert d.verdict == (REPRODUCED if ci.low > 0.01 else NOT_SEPARABLE)
+    assert superiority(A, B, by=0.05).verdict == NOT_REPRODUCED  # the whole interval is below 5 points: says no
+    one = [0.012, 0.015, 0.011, 0.013]  # a one-sample figure (b = 0) well above 0 but not above 0.02
+    assert superiority(one, [0.0] * 4, paired=True).verdict == REPRODUCED
+    assert superiority(one, [0.0] * 4, paired=True, by=0.02).verdict == NOT_REPRODUCED
+    tp = stats.ttest_1samp(one, 0.02)
+    assert superiority(one, [0.0] * 4, paired=True, by=0.02).p == pytest.approx(tp.pvalue)
+    with pytest.raises(ValueError):
+        superiority(A, B, by=-1)
+
+
 def test_superiority_drops_missing_values():
     d = superiority(A + [None, math.nan], B)
     assert d.n == (5, 6)

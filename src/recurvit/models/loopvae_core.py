@@ -113,6 +113,7 @@ class LoopCore(nn.Module):
         self.shared = cfg.core == "shared"
         self.blocks = nn.ModuleList(self._block(cfg, cond_dim) for _ in range(sets * cfg.depth))
         self._offsets = [sum(self.loops[:s]) for s in range(len(self.loops))]
+        self.update_log: Optional[list] = None  # a list: forward appends (scale, loop, ||dh|| / ||h|| per image)
 
     @staticmethod
     def _block(cfg: LoopVAEConfig, cond_dim: int) -> nn.Module:
@@ -152,7 +153,11 @@ class LoopCore(nn.Module):
         for loop in range(n):
             out = self.step(h, scale, loop)
             f = update_scale.get(loop) if update_scale else None
-            h = out if f is None else h + f * (out - h)
+            new = out if f is None else h + f * (out - h)
+            if self.update_log is not None:  # per image ||dh|| / ||h|| of this loop (vae.interventions.update_sizes)
+                rel = (new - h).flatten(1).norm(dim=1) / h.flatten(1).norm(dim=1).clamp_min(1e-12)
+                self.update_log.append((scale, loop, rel.detach().float().cpu()))
+            h = new
         if self.operator == "transformer":
             h = h.transpose(1, 2).reshape(B, C, H, W)
         return h

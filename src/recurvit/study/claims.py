@@ -16,7 +16,8 @@ A study file may carry a ``claims:`` section, one entry a claim of a seed abstra
 
 Rule kinds and their keys (margins are in the figure's own units: accuracy as a fraction):
 
-- ``superiority`` (``a``, ``b``, ``side``, optional ``paired``): the 95% interval of a − b on the claimed side.
+- ``superiority`` (``a``, ``b``, ``side``, optional ``paired``, optional ``by``): the 95% interval of a − b on the
+  claimed side (of ``by``, a size the claim states, e.g. 0.01 for "more than a point").
 - ``noninferiority`` (``a``, ``b``, ``margin``): a is not worse than b by more than ``margin``.
 - ``equivalence`` (``a``, ``b``, ``margin``): two one-sided tests; how a "no gain" claim is decided.
   With ``b`` left out, ``a``'s values are themselves differences (a per-run figure such as
@@ -59,7 +60,7 @@ SEED_KEY = "train.seed"  # the grid axis a study averages over (recurvit.study.s
 RULE_KINDS = ("superiority", "noninferiority", "equivalence", "trend", "near_chance", "heterogeneity", "all_of")
 ROW_KINDS = ("accounting", "identity", "needs")
 NOT_TESTED = "not tested (the reference did not train)"
-KEYS = {"source", "words", "data", "rule", "figure", "a", "b", "side", "margin", "paired", "label", "axis", "x",
+KEYS = {"source", "words", "data", "rule", "figure", "a", "b", "side", "margin", "by", "paired", "label", "axis", "x",
         "log2", "x_name", "chance", "groups", "parts", "qualified", "scale", "unit", "count", "paper", "test", "needs",
         "command", "note", "reference_baseline"}
 Row = Dict[str, Any]
@@ -252,7 +253,7 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
     else:  # a's values are differences already: test them against 0
         x, y, paired = [v for _, v in a], [0.0] * len(a), True
     if claim.rule == "superiority":
-        return rules.superiority(x, y, side=int(s.get("side", 1)), paired=paired)
+        return rules.superiority(x, y, side=int(s.get("side", 1)), paired=paired, by=float(s.get("by", 0.0)))
     if claim.rule == "noninferiority":
         return rules.noninferiority(x, y, float(s["margin"]), paired=paired)
     return rules.equivalence(x, y, float(s["margin"]), paired=paired)

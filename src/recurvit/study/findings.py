@@ -62,7 +62,10 @@ def rule_text(claim: Claim) -> str:
     s = claim.spec
     axis = s.get("x_name", s.get("axis"))
     over = f" over log2({axis})" if s.get("log2") else f" over {axis}" if axis else ""
-    return RULE_TEXT[claim.rule].format(margin=_margin(claim), over=over, parts=", ".join(s.get("parts", [])))
+    text = RULE_TEXT[claim.rule].format(margin=_margin(claim), over=over, parts=", ".join(s.get("parts", [])))
+    if claim.rule == "superiority" and s.get("by"):
+        text = text.replace("on the claimed side", f"beyond {float(s['by']) * claim.scale:g} {claim.unit}")
+    return text
 
 
 def decision_text(claim: Claim, d: rules.Decision) -> str:

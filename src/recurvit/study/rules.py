@@ -144,11 +144,14 @@ def _sign_verdict(lo: float, hi: float, side: int) -> str:
 
 
 def superiority(a: Sequence[Optional[float]], b: Sequence[Optional[float]], side: int = 1,
-                paired: bool = False) -> Decision:
-    """Claim "a - b has sign ``side``" (+1: a is higher). 95% interval of a - b: REPRODUCED when it lies strictly
-    on the claimed side of 0, NOT_REPRODUCED when strictly on the other, else NOT_SEPARABLE.
-    p: two-sided p of the t test of a - b = 0."""
+                paired: bool = False, by: float = 0.0) -> Decision:
+    """Claim "a - b has sign ``side``" (+1: a is higher), or with ``by`` > 0 "a - b exceeds ``by`` on that side"
+    (a size, e.g. "costs more than 1 dB"). 95% interval of a - b: REPRODUCED when it lies strictly beyond
+    ``side * by`` on the claimed side, NOT_REPRODUCED when strictly on the other, else NOT_SEPARABLE.
+    p: two-sided p of the t test of a - b = ``side * by``."""
     _check_side(side)
+    if by < 0:
+        raise ValueError(f"by must be >= 0, got {by!r}")
     d, n = _difference(a, b, paired)
     if d is None:
         return _not_measured(n, "fewer than 2 values per group")
@@ -159,8 +162,11 @@ def superiority(a: Sequence[Optional[float]], b: Sequence[Optional[float]], side
     else:
         w = welch(a, b)
         est, lo, hi, p = w["diff"], w["lo"], w["hi"], w["p"]
-    return Decision(_sign_verdict(lo, hi, side), est, lo, hi, p, n, seeds_needed(a, b, paired),
-                    f"{'paired' if paired else 'Welch'} t, claimed sign {side:+d}")
+    shift = side * by
+    if by:
+        p = min(1.0, 2 * min(_p_one_sided(d, shift, "greater"), _p_one_sided(d, shift, "less")))
+    return Decision(_sign_verdict(lo - shift, hi - shift, side), est, lo, hi, p, n, seeds_needed(a, b, paired),
+                    f"{'paired' if paired else 'Welch'} t, claimed sign {side:+d}" + (f", beyond {shift:+g}" if by else ""))
 
 
 def noninferiority(a: Sequence[Optional[float]], b: Sequence[Optional[float]], margin: float,

@@ -13,6 +13,7 @@ from ..study.plateau import plateau_column
 from ..study.stats import fmt_ci
 from ..study.workers import run_config, train_in_processes
 from ..runtime import quiet
+from .vae_eval import EVALUATORS
 
 name = "vae"
 CSV_KEYS = ["model", "operator", "core", "seed", "epochs", "params_stored", "params_effective", "flops_forward",
@@ -52,6 +53,10 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
     _, test_set, info = build_vae_datasets(cfg.data, cfg.train.seed)
     loader = make_test_loader(test_set, 64)
     ev = evaluate_vae(model, loader, device, cfg.train.amp)
+    from ..study.evaluators import Evaluated, evaluate_run
+
+    figures = evaluate_run(Evaluated(model, cfg, out, device, loader, info,
+                                     load=lambda **opts: load_vae_run(out / "last.pt")[0]), eval_spec, EVALUATORS)
     x = next(iter(loader))[:16].to(device)
     with torch.no_grad():
         model.reconstruct(x, sample=False)  # warm-up
@@ -70,7 +75,7 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
         "block_applications": model.block_applications()["total"], "psnr": ev["psnr"], "ssim": ev["ssim"],
         "out_of_range": ev["out_of_range"], "baseline_psnr": metrics.get("baseline_psnr"),
         "ms_per_img": 1000 * min(times) / len(x), "train_seconds": metrics.get("train_seconds"),
-        "eval_seconds": time.perf_counter() - t0, "test_psnr_curve": curve,
+        "eval_seconds": time.perf_counter() - t0, "test_psnr_curve": curve, **figures,
     }
 
 

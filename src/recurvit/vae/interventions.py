@@ -76,6 +76,27 @@ def run_interventions(model: nn.Module, loader: Iterable, device: torch.device, 
     return rows
 
 
+@torch.no_grad()
+def update_sizes(model: nn.Module, loader: Iterable, device: torch.device) -> Dict[tuple, float]:
+    """Mean relative update ||h_l - h_{l-1}|| / ||h_{l-1}|| of every trained loop over the test images,
+    keyed by (side, scale, loop)."""
+    model.eval()
+    cores = {"encoder": model.encoder.core, "decoder": model.decoder.core}
+    for core in cores.values():
+        core.update_log = []
+    try:
+        for x in loader:
+            model.reconstruct(x.to(device), sample=False)
+        sums: Dict[tuple, List[torch.Tensor]] = {}
+        for side, core in cores.items():
+            for scale, loop, rel in core.update_log:
+                sums.setdefault((side, scale, loop), []).append(rel)
+    finally:
+        for core in cores.values():
+            core.update_log = None
+    return {k: float(torch.cat(v).mean()) for k, v in sums.items()}
+
+
 def write_csv(rows: List[Dict[str, Any]], path: str | Path) -> Path:
     return tables.write_csv(rows, path, COLUMNS)
 
