@@ -212,8 +212,8 @@ def test_exit_calibration_never_reads_the_test_split(tiny_runs, tmp_path, monkey
     seen = {}
     real_build, real_calibrate = recurvit.data.build_datasets, anytime.calibrate
 
-    def build(cfg, log=None):
-        train, test, info = real_build(cfg, log)
+    def build(cfg, log=None, **kw):
+        train, test, info = real_build(cfg, log, **kw)
         seen["test"] = _Sentinel(test)
         return train, seen["test"], info
 

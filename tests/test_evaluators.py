@@ -164,3 +164,18 @@ results: res
     assert all(v > 0 for v in sizes.values()) and len(sizes) == 2 * sum(
         int(v) for v in trained["enc_loops"].split("-"))  # every trained loop of encoder and decoder
     assert r["last_update_rel"] > 0
+
+
+@pytest.mark.slow
+def test_exit_evaluator_calibrates_off_the_test_split(tmp_path):
+    """The anytime-exit evaluator: a held-out split calibrates, the test split measures; per-seed figures."""
+    (tmp_path / "base.yaml").write_text(BASE.replace("data: {name: digits}", "data: {name: digits, holdout: 0.2}"))
+    (tmp_path / "s.yaml").write_text(STUDY.format(eval="  max_steps_factor: 1\n  exit: {criterion: max_prob, "
+                                                       "target_drop: 2.0, only: {regime: [a]}}"))
+    rows = {r["run_id"]: r for r in run_study(load_study(tmp_path / "s.yaml"), tmp_path / "runs", progress=False,
+                                              log=lambda *a: None)}
+    a = rows["a__seed=0"]
+    assert a["exit"]["calibration_images"] == "held out from training" and a["exit"]["calibration_fraction"] == 0.2
+    assert 1 <= a["exit_mean_steps"] <= 3 and a["exit_accuracy"] == pytest.approx(a["exit"]["test"]["accuracy"])
+    assert a["exit_target_met"] == float(a["exit_drop_points"] <= 2.0) and a["exit_speedup"] > 0
+    assert "exit" not in rows["b__seed=0"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import apply_data_root, add_device_arg, add_force_arg, print_json
+from . import add_device_arg, add_force_arg, open_trained, print_json
 
 
 def add_parser(sub):
@@ -36,11 +36,8 @@ def run(args) -> int:
 
     from ..analysis.per_step import ANALYSES, analyze_model
     from ..analysis.per_step_report import summarize, write_outputs
-    from ..data import build_datasets
     from ..errors import UserError
     from ..analysis.budget import check_eval_cost
-    from ..train.checkpoint import load_model_and_config
-    from ..runtime import pick_device
 
     what = [w.strip() for w in args.what.split(",") if w.strip()]
     bad = [w for w in what if w not in ANALYSES]
@@ -50,8 +47,7 @@ def run(args) -> int:
         raise UserError(f"--images must be >= 1, got {args.images}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
-    model, cfg = load_model_and_config(args.run)
-    apply_data_root(cfg, args.data_root)
+    model, cfg, device, test_loader, _ = open_trained(args)
     if args.steps is not None:
         try:
             model.core.check_steps(args.steps)
@@ -59,9 +55,7 @@ def run(args) -> int:
             raise UserError(f"--steps: {e}") from None
     if args.mlp_slices is not None and not 1 <= args.mlp_slices <= model.blocks[0].mlp.fc1.out_features:
         raise UserError(f"--mlp-slices must be in 1..{model.blocks[0].mlp.fc1.out_features}, got {args.mlp_slices}")
-    device = pick_device(args.device)
-    model.to(device)
-    _, test_set, _ = build_datasets(cfg.data, with_train=False)
+    test_set = test_loader.dataset
     n = min(args.images, len(test_set))
     idx = torch.randperm(len(test_set), generator=torch.Generator().manual_seed(0))[:n].sort().values
     items = [test_set[int(i)] for i in idx]

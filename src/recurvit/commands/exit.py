@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import apply_data_root, add_device_arg, add_force_arg, print_json
+from . import add_device_arg, add_force_arg, open_trained, print_json
 
 
 CRITERIA = ("kl", "entropy", "max_prob", "state")  # models.adaptive.CRITERIA (a test keeps them equal); no torch
@@ -64,80 +64,28 @@ def _check(args) -> None:
 
 def run(args) -> int:
     import torch
-    from torch.utils.data import DataLoader
 
     from ..analysis import anytime as A
-    from ..data import build_datasets
-    from dataclasses import replace
-
-    from ..data.calibration import CALIBRATION_FRACTION, calibration_split, holdout_split
+    from ..analysis.exit import calibrated_exit
     from ..errors import UserError
-    from ..models.adaptive import has_step_readouts, plan_steps
-    from ..analysis.budget import check_eval_cost
-    from ..train.checkpoint import load_model_and_config
-    from ..runtime import pick_device
 
     _check(args)
-    model, cfg = load_model_and_config(args.run)
-    T = model.nominal_steps
-    # a stack's readouts after every block are trained by per-block heads or by deep supervision at every block
-    readouts = has_step_readouts(model) or cfg.train.supervision.stages >= T
+    model, cfg, device, _, _ = open_trained(args)
     try:
-        K, m = plan_steps(model, args.max_steps, args.min_steps, readouts)
+        res = calibrated_exit(model, cfg, device, args.criterion, args.max_steps, args.min_steps, args.target_drop,
+                              args.step_budget, args.batch_size, args.time_batches, force=args.force)
     except ValueError as e:
         raise UserError(str(e)) from None
-    note = None
-    if args.max_steps is not None and K < args.max_steps:
-        note = f"this {model.cfg.core} model runs at most {K} steps; --max-steps capped"
-    apply_data_root(cfg, args.data_root)
-    device = pick_device(args.device)
-    model.to(device)
-    amp = cfg.train.amp
-    train_set, test_set, _ = build_datasets(replace(cfg.data, holdout=0.0))  # the whole training split
-    kw = dict(batch_size=args.batch_size, shuffle=False, num_workers=cfg.data.num_workers)
-    held_out = cfg.data.holdout > 0  # the run never trained on these: an honest calibration split
-    calib_set = (holdout_split(train_set, test_set, cfg.data.holdout) if held_out
-                 else calibration_split(train_set, test_set))
-    calib_loader = DataLoader(calib_set, **kw)
-    test_loader = DataLoader(test_set, **kw)
-    # calibration and the test sweep each run every image to max(K, T) steps, then timed passes
-    check_eval_cost(model, next(iter(calib_loader))[0].to(device), max(K, T),  # (a calibration batch)
-                    len(calib_loader) + 3 * len(test_loader), force=args.force)
-
-    cal = A.calibrate(model, calib_loader, device, args.criterion, K, m, args.target_drop, args.step_budget, amp,
-                      readouts)
-    thr = cal["threshold"]
-    test_traj = A.trajectories(model, test_loader, device, max(K, T), amp)
-    batches = []
-    for x, _ in test_loader:
-        batches.append(x.to(device))
-        if len(batches) == args.time_batches:
-            break
-    sweep = sorted(set(A.thresholds(cal["trajectory"], args.criterion, K, m)) | ({thr} if thr is not None else set()))
-    rows = []
-    for t in sweep:
-        row = A.point(test_traj, args.criterion, t, K, m)
-        ips = A.interleaved(A.runners(model, args.criterion, t, K, m, device, amp, readouts), batches, device)
-        rows.append({**row, "images_per_s": ips["adaptive"], "fixed_images_per_s": ips["fixed"],
-                     "speedup": ips["adaptive"] / ips["fixed"]})
-    test = A.measure(model, test_loader, device, args.criterion, thr, K, m, amp, readouts)
-    test["steps_pct_T"] = 100 * test["mean_steps"] / T
-
+    rows, test = res.pop("sweep"), res["test"]
     out_dir = args.out or (args.run if args.run.is_dir() else args.run.parent)
     out_dir.mkdir(parents=True, exist_ok=True)
     A.write_csv(rows, out_dir / "exit.csv")
-    fixed = A.fixed_accuracy(test_traj)[:K]
     label = f"{cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)})"
-    A.plot([{"title": f"{label}: exit by {args.criterion} (star: calibrated)", "T": T, "fixed": fixed,
+    A.plot([{"title": f"{label}: exit by {args.criterion}", "T": res["trained_steps"], "fixed": res["fixed_accuracy"],
              "curves": {args.criterion: {"rows": rows, "point": test}}}], out_dir / "exit.png")
-    calib = {k: v for k, v in cal.items() if k != "trajectory"}
     summary = {"run": str(args.run), "model": cfg.model.name, "core": model.cfg.core,
-               "runs_as": model.cfg.core_cls.describe(model.cfg), "criterion": args.criterion, "trained_steps": T,
-               "max_steps": K, "min_steps": m, "batch_size": args.batch_size,
-               "calibration_fraction": cfg.data.holdout if held_out else CALIBRATION_FRACTION,
-               "calibration_images": "held out from training" if held_out else "seen in training", **calib, "test": test, "fixed_accuracy": fixed,
-               "device": str(device), "threads": torch.get_num_threads(),
-               "csv": str(out_dir / "exit.csv"), "png": str(out_dir / "exit.png"), "note": note}
+               "runs_as": model.cfg.core_cls.describe(model.cfg), **res, "device": str(device),
+               "threads": torch.get_num_threads(), "csv": str(out_dir / "exit.csv"), "png": str(out_dir / "exit.png")}
     with open(out_dir / "exit.json", "w") as f:  # what --json prints, for reports (experiments/anytime.py)
         json.dump({**summary, "sweep": rows}, f, indent=1)
     if args.json:

@@ -11,6 +11,8 @@ run's result row.
                accuracy lost when the block is skipped at one step) and the figures claims read:
                ``skip_drop_T``, ``skip_drop_mean``, ``rel_update_T``, ``rel_update_ratio``,
                ``cka_last_pair``, ``readout_gain_T``
+``exit``       anytime exit calibrated off the test split, measured on it: ``exit_accuracy``,
+               ``exit_mean_steps``, ``exit_drop_points``, ``exit_speedup``, ``exit_target_met`` (this seed)
 =============  ===================================================================================
 """
 from __future__ import annotations
@@ -114,4 +116,29 @@ def per_step_figures(res: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-EVALUATORS = {e.name: e for e in (Horizon(), Variants(), PerStep())}
+class Exit(Evaluator):
+    """Anytime exit (:func:`recurvit.analysis.exit.calibrated_exit`): the threshold calibrated on the run's
+    held-out split (else the calibration split of its training set), then measured once on the test split."""
+
+    name = "exit"
+    defaults = {"criterion": "kl", "target_drop": 0.5, "step_budget": None, "max_steps": None, "min_steps": 1,
+                "batch_size": 256}
+    columns = ("exit_accuracy", "exit_mean_steps", "exit_drop_points", "exit_speedup", "exit_target_met")
+
+    def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
+        from ..analysis.exit import calibrated_exit
+
+        o = dict(options)
+        if o["step_budget"] is not None:
+            o["target_drop"] = None
+        res = calibrated_exit(run.model, run.cfg, run.device, o["criterion"], o["max_steps"], o["min_steps"],
+                              o["target_drop"], o["step_budget"], o["batch_size"])
+        t = res["test"]
+        met = (t["drop_points"] <= o["target_drop"] if o["target_drop"] is not None
+               else t["mean_steps"] <= o["step_budget"] * res["trained_steps"])  # on this seed's test split
+        return {"exit": {k: v for k, v in res.items() if k != "sweep"}, "exit_accuracy": t["accuracy"],
+                "exit_mean_steps": t["mean_steps"], "exit_drop_points": t["drop_points"], "exit_speedup": t["speedup"],
+                "exit_target_met": float(met)}
+
+
+EVALUATORS = {e.name: e for e in (Horizon(), Variants(), PerStep(), Exit())}

@@ -1,0 +1,76 @@
+"""Anytime exit of a trained run, the whole procedure (``recurvit exit`` and study evaluators call it):
+calibrate a threshold on images the run never trained on when it has them (its ``data.holdout``
+split), else on the seeded calibration split of the training set; then read the test split once,
+for a threshold sweep, the calibrated point and its measured speed against fixed depth T.
+
+    from recurvit.analysis.exit import calibrated_exit
+    res = calibrated_exit(model, cfg, device, criterion="kl", target_drop=0.5)
+    res["test"]["accuracy"], res["test"]["mean_steps"], res["threshold"]
+
+The test split is read only after the threshold is chosen.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Dict, Optional
+
+import torch
+import torch.nn as nn
+
+from . import anytime as A
+
+
+def calibrated_exit(model: nn.Module, cfg, device: torch.device, criterion: str = "kl",
+                    max_steps: Optional[int] = None, min_steps: int = 1, target_drop: Optional[float] = None,
+                    step_budget: Optional[float] = None, batch_size: int = 256, time_batches: int = 4,
+                    force: bool = False) -> Dict[str, Any]:
+    """Calibrate, sweep and measure (see the module docstring). Returns the calibration figures, the
+    ``threshold``, ``test`` (the calibrated point on the test split, timed), ``sweep`` (test rows of
+    the threshold sweep, each timed on ``time_batches`` batches), ``fixed_accuracy`` (steps 1..K) and
+    the plan (``max_steps``, ``min_steps``, ``calibration_fraction``, ``calibration_images``, ``note``).
+    ValueError for a plan the model cannot run (a stack without per-block readouts)."""
+    from torch.utils.data import DataLoader
+
+    from ..data import build_datasets
+    from ..data.calibration import CALIBRATION_FRACTION, calibration_split, holdout_split
+    from ..models.adaptive import has_step_readouts, plan_steps
+    from .budget import check_eval_cost
+
+    T = model.nominal_steps
+    # a stack's readouts after every block are trained by per-block heads or by deep supervision at every block
+    readouts = has_step_readouts(model) or cfg.train.supervision.stages >= T
+    K, m = plan_steps(model, max_steps, min_steps, readouts)
+    note = (f"this {model.cfg.core} model runs at most {K} steps; --max-steps capped"
+            if max_steps is not None and K < max_steps else None)
+    amp = cfg.train.amp
+    train_set, test_set, _ = build_datasets(replace(cfg.data, holdout=0.0))  # the whole training split
+    kw = dict(batch_size=batch_size, shuffle=False, num_workers=cfg.data.num_workers)
+    held_out = cfg.data.holdout > 0  # the run never trained on these: an honest calibration split
+    calib_set = (holdout_split(train_set, test_set, cfg.data.holdout) if held_out
+                 else calibration_split(train_set, test_set))
+    calib_loader, test_loader = DataLoader(calib_set, **kw), DataLoader(test_set, **kw)
+    # calibration and the test sweep each run every image to max(K, T) steps, then timed passes
+    check_eval_cost(model, next(iter(calib_loader))[0].to(device), max(K, T),  # (a calibration batch)
+                    len(calib_loader) + 3 * len(test_loader), force=force)
+    cal = A.calibrate(model, calib_loader, device, criterion, K, m, target_drop, step_budget, amp, readouts)
+    thr = cal["threshold"]
+    test_traj = A.trajectories(model, test_loader, device, max(K, T), amp)  # the test split, from here on
+    batches = []
+    for x, _ in test_loader:
+        batches.append(x.to(device))
+        if len(batches) == time_batches:
+            break
+    levels = sorted(set(A.thresholds(cal["trajectory"], criterion, K, m)) | ({thr} if thr is not None else set()))
+    sweep = []
+    for t in levels:
+        row = A.point(test_traj, criterion, t, K, m)
+        ips = A.interleaved(A.runners(model, criterion, t, K, m, device, amp, readouts), batches, device)
+        sweep.append({**row, "images_per_s": ips["adaptive"], "fixed_images_per_s": ips["fixed"],
+                      "speedup": ips["adaptive"] / ips["fixed"]})
+    test = A.measure(model, test_loader, device, criterion, thr, K, m, amp, readouts)
+    test["steps_pct_T"] = 100 * test["mean_steps"] / T
+    return {"criterion": criterion, "trained_steps": T, "max_steps": K, "min_steps": m, "batch_size": batch_size,
+            "calibration_fraction": cfg.data.holdout if held_out else CALIBRATION_FRACTION,
+            "calibration_images": "held out from training" if held_out else "seen in training",
+            **{k: v for k, v in cal.items() if k != "trajectory"}, "test": test, "sweep": sweep,
+            "fixed_accuracy": A.fixed_accuracy(test_traj)[:K], "note": note}
