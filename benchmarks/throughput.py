@@ -15,9 +15,9 @@ depth = steps = 12):
 2. Achieved FLOP/s of each training step (counted FLOPs, ``recurvit.analysis.accounting``) as a
    fraction of a dense-matmul peak measured in the same run (an n x n matmul in the run's dtype).
 3. Peak training memory (forward + backward) of bViT against steps T = 6, 12, 24, 48, with and
-   without activation checkpointing. CUDA: ``torch.cuda.max_memory_allocated``; CPU: the peak of
-   the bytes of live tensors created during the step (a dispatch-mode tracker, the CPU stand-in:
-   activations, temporaries, recomputation and gradients; not allocator caching).
+   without activation checkpointing, as :func:`recurvit.analysis.memory.peak_train_memory` measures it
+   (the one definition `recurvit flops` reports too): CUDA ``torch.cuda.max_memory_allocated`` during
+   the step; CPU the bytes autograd saves for the backward pass (activations).
 4. ``forward_steps(K=48)`` (logits after every step in one pass) against 48 separate forward
    passes ``model(x, steps=k)``, k = 1..48.
 
@@ -43,7 +43,6 @@ import re
 import statistics
 import sys
 import time
-import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,13 +51,13 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 ROOT = Path(__file__).resolve().parent
 
 from recurvit import create_model  # noqa: E402  (the installed package: pip install -e .)
 from recurvit.analysis.accounting import measure_flops  # noqa: E402
+from recurvit.analysis.memory import peak_train_memory  # noqa: E402  (one definition of the figure)
+from recurvit.analysis.timing import CLOCKS, interleaved_rounds, sync  # noqa: E402
 from recurvit.models.speed import compile_blocks, set_activation_checkpointing  # noqa: E402
 
 WIDTHS = {"tiny": (192, 3), "small": (384, 6), "base": (768, 12)}
@@ -81,69 +80,6 @@ def machine_name(device: torch.device) -> str:
     else:
         name = f"cpu-{os.cpu_count()}c"
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}
-_clock = time.perf_counter
-
-
-def seconds_per_call(fn: Callable[[], Any], iters: int, device: torch.device) -> float:
-    sync(device)
-    t0 = _clock()
-    for _ in range(iters):
-        fn()
-    sync(device)
-    return (_clock() - t0) / iters
-
-
-class LiveTensorPeak(TorchDispatchMode):
-    """Peak bytes of the live tensor storages created while the mode is active (CPU stand-in for
-    ``torch.cuda.max_memory_allocated``). A storage counts from the op that creates it until the
-    last tensor viewing it dies (PyTorch keeps a tensor's Python object alive as long as C++
-    holds it, e.g. saved for backward), so this is the activation + temporary + gradient memory
-    of what ran; tensors that existed before (parameters, the input batch) are not counted."""
-
-    def __init__(self):
-        super().__init__()
-        self.live: Dict[int, List[int]] = {}
-        self.current = 0
-        self.peak = 0
-
-    def _free(self, key: int) -> None:
-        entry = self.live.get(key)
-        if entry is not None:
-            entry[0] -= 1
-            if entry[0] == 0:
-                self.current -= entry[1]
-                del self.live[key]
-
-    def _track(self, t: torch.Tensor) -> None:
-        try:
-            storage = t.untyped_storage()
-            key = storage.data_ptr()
-        except (RuntimeError, NotImplementedError):
-            return
-        if key == 0:
-            return
-        entry = self.live.get(key)
-        if entry is None:
-            entry = self.live[key] = [0, storage.nbytes()]
-            self.current += entry[1]
-            self.peak = max(self.peak, self.current)
-        entry[0] += 1
-        weakref.finalize(t, self._free, key)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self._track(t)
-        return out
 
 
 # ---------------------------------------------------------------------------------- models
@@ -193,44 +129,6 @@ def matmul_step(n: int, dtype: torch.dtype, device: torch.device) -> Callable[[]
 
 
 # --------------------------------------------------------------------------------- measures
-def interleaved(contenders: Dict[str, Callable[[], None]], rounds: int, iters: Dict[str, int],
-                device: torch.device, log, warmup: int = 2) -> Dict[str, List[float]]:
-    """Seconds per call of every contender, round by round (order rotated per round)."""
-    names = list(contenders)
-    for name in names:  # warm-up (allocator, kernels, compilation)
-        for _ in range(warmup):
-            contenders[name]()
-    times: Dict[str, List[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            times[name].append(seconds_per_call(contenders[name], iters[name], device))
-        log(f"  round {r + 1}/{rounds}: " + "  ".join(f"{n} {times[n][-1] * 1e3:.0f}ms" for n in names))
-    return times
-
-
-def peak_train_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, amp, device: torch.device) -> int:
-    model.train()
-    if device.type == "cuda":
-        sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        with amp():
-            loss = F.cross_entropy(model(x).float(), y)
-        loss.backward()
-        sync(device)
-        peak = torch.cuda.max_memory_allocated(device) - before
-    else:
-        with LiveTensorPeak() as tracker:
-            with amp():
-                loss = F.cross_entropy(model(x).float(), y)
-            loss.backward()
-        peak = tracker.peak
-    del loss
-    model.zero_grad(set_to_none=True)
-    return int(peak)
-
-
 def median_ratio(a: List[float], b: List[float]) -> float:
     """Median over rounds of a[i] / b[i]."""
     return statistics.median(x / y for x, y in zip(a, b))
@@ -271,11 +169,9 @@ def setup(args) -> Bench:
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.threads:
         torch.set_num_threads(args.threads)
-    global _clock
     clock = args.clock
     if clock == "auto":  # one CPU thread: its CPU time is immune to other processes on a shared machine
         clock = "cpu" if device.type == "cpu" and torch.get_num_threads() == 1 else "wall"
-    _clock = CLOCK[clock]
     machine = machine_name(device) + (f"-{args.tag}" if args.tag else "")
     amp_on = args.amp == "bf16" or (args.amp == "auto" and device.type == "cuda")
     amp = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if amp_on else nullcontext
@@ -341,7 +237,7 @@ def timed_steps(b: Bench) -> Tuple[Dict[str, List[float]], int, torch.dtype]:
     if device.type == "cuda":
         iters = {k: v * 10 for k, v in iters.items()}
     b.log(f"throughput: {b.rounds} interleaved rounds")
-    return interleaved(contenders, b.rounds, iters, device, b.log), mm_n, mm_dtype
+    return interleaved_rounds(contenders, b.rounds, iters, device, b.log, clock=CLOCKS[b.common["clock"]]), mm_n, mm_dtype
 
 
 def throughput(b: Bench, times: Dict[str, List[float]], flops: Dict[str, Dict[str, Any]], mm_n: int,
@@ -411,15 +307,12 @@ def compile_speedups(b: Bench, times: Dict[str, List[float]]) -> Dict[str, Any]:
 
 def checkpointing_memory(b: Bench) -> Dict[str, Any]:
     """Peak training memory of bViT against steps, with and without activation checkpointing."""
-    args, device, x, y = b.args, b.device, b.x, b.y
+    args, device = b.args, b.device
     bvit_name = b.names[0]
     mem_batch = args.mem_batch or b.batch
     b.log(f"memory: bViT training step at T = {', '.join(map(str, MEMORY_STEPS))}, batch {mem_batch}")
-    xm, ym = x[:mem_batch], y[:mem_batch]
-    if mem_batch > b.batch:
-        xm = torch.randn(mem_batch, *x.shape[1:], generator=b.g).to(device)
-        ym = torch.randint(0, args.classes, (mem_batch,), generator=b.g).to(device)
-    method = "cuda_max_allocated" if device.type == "cuda" else "live_tensor_peak"
+    # recurvit.analysis.memory.peak_train_memory: the figure `recurvit flops` and accounting report too
+    method = "cuda_max_allocated" if device.type == "cuda" else "saved_activations"
     mem = {}
     for T in MEMORY_STEPS:
         for ckpt in (False, True):
@@ -427,7 +320,8 @@ def checkpointing_memory(b: Bench) -> Dict[str, Any]:
             m = create_model(f"bvit_{args.width}", steps=T, img_size=args.img_size, patch_size=args.patch_size,
                              num_classes=args.classes).to(device)
             set_activation_checkpointing(m, ckpt)
-            mem[T, ckpt] = peak_train_bytes(m, xm, ym, b.amp, device)
+            with b.amp():
+                mem[T, ckpt] = peak_train_memory(m, mem_batch, (3, args.img_size, args.img_size), device)
             b.add("memory", bvit_name + ("+ckpt" if ckpt else ""), f"peak_train_bytes_{method}", mem[T, ckpt], "B",
                   steps=T, batch=mem_batch)
             del m
@@ -467,9 +361,9 @@ def forward_steps_speedup(b: Bench) -> Dict[str, Any]:
         ref = torch.stack([model(xs, steps=k) for k in (1, HORIZON // 2, HORIZON)])
         got = model.forward_steps(xs, steps=HORIZON)[[0, HORIZON // 2 - 1, HORIZON - 1]]
         assert torch.allclose(ref.float(), got.float(), rtol=1e-3, atol=1e-3)
-    ht = interleaved({"forward_steps": one_pass, "separate": separate, "single_pass_K48": single_deep},
+    ht = interleaved_rounds({"forward_steps": one_pass, "separate": separate, "single_pass_K48": single_deep},
                      2 if quick else 3, {"forward_steps": 1, "separate": 1, "single_pass_K48": 1}, device, b.log,
-                     warmup=1)
+                     warmup=1, clock=CLOCKS[b.common["clock"]])
     summary = {"forward_steps_speedup_K48": median_ratio(ht["separate"], ht["forward_steps"]),
                "forward_steps_overhead_vs_one_pass_K48": median_ratio(ht["forward_steps"], ht["single_pass_K48"])}
     for k, v in ht.items():

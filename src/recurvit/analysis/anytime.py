@@ -25,14 +25,10 @@ import torch.nn as nn
 
 from ..models.adaptive import CRITERIA, exit_steps, forward_adaptive, plan_steps, step_signals
 from ..runtime import autocast
+from .timing import sync
 
 SWEEP_LEVELS = 12  # thresholds in a sweep: quantiles of the calibration signals
 CANDIDATES = 256  # thresholds calibration chooses among
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.no_grad()
@@ -116,27 +112,6 @@ def calibrate(model: nn.Module, loader: Iterable, device: torch.device, criterio
     return {**choose(traj, criterion, T, K, m, target_drop, step_budget), "trajectory": traj}
 
 
-def interleaved(fns: Dict[str, Callable], batches: Sequence[torch.Tensor], device: torch.device,
-                repeats: int = 1) -> Dict[str, float]:
-    """Images/s of each function over the same batches, alternating them batch by batch (the order
-    flips every batch) after one warm-up call each; from the median per-image time."""
-    names = list(fns)
-    for name in names:
-        fns[name](batches[0])
-    per_image: Dict[str, List[float]] = {n: [] for n in names}
-    i = 0
-    for _ in range(repeats):
-        for x in batches:
-            for name in (names if i % 2 == 0 else names[::-1]):
-                _sync(device)
-                t0 = time.perf_counter()
-                fns[name](x)
-                _sync(device)
-                per_image[name].append((time.perf_counter() - t0) / len(x))
-            i += 1
-    return {n: 1.0 / statistics.median(v) for n, v in per_image.items()}
-
-
 def runners(model: nn.Module, criterion: str, threshold: Optional[float], max_steps: int, min_steps: int,
             device: torch.device, amp: str, per_step_readouts: Optional[bool] = None) -> Dict[str, Callable]:
     """The adaptive forward and the fixed-T forward as timed callables (no grad, same autocast)."""
@@ -169,10 +144,10 @@ def measure(model: nn.Module, loader: Iterable, device: torch.device, criterion:
                 f(x)
             warm = True
         for name in (("adaptive", "fixed") if i % 2 == 0 else ("fixed", "adaptive")):
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             out = fns[name](x)
-            _sync(device)
+            sync(device)
             times[name].append((time.perf_counter() - t0) / len(x))
             logits = out[0] if name == "adaptive" else out
             correct[name] += (logits.argmax(-1) == y).sum().item()
@@ -238,5 +213,5 @@ def plot(panels: List[dict], path: Path) -> None:
     fig.savefig(path)
 
 
-__all__ = ["trajectories", "fixed_accuracy", "point", "thresholds", "choose", "calibrate", "interleaved", "runners",
+__all__ = ["trajectories", "fixed_accuracy", "point", "thresholds", "choose", "calibrate", "runners",
            "measure", "write_csv", "draw", "plot"]

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from . import anytime as A
+from .timing import interleaved_batches
 
 
 def calibrated_exit(model: nn.Module, cfg, device: torch.device, criterion: str = "kl",
@@ -64,7 +65,7 @@ def calibrated_exit(model: nn.Module, cfg, device: torch.device, criterion: str 
     sweep = []
     for t in levels:
         row = A.point(test_traj, criterion, t, K, m)
-        ips = A.interleaved(A.runners(model, criterion, t, K, m, device, amp, readouts), batches, device)
+        ips = interleaved_batches(A.runners(model, criterion, t, K, m, device, amp, readouts), batches, device)
         sweep.append({**row, "images_per_s": ips["adaptive"], "fixed_images_per_s": ips["fixed"],
                       "speedup": ips["adaptive"] / ips["fixed"]})
     test = A.measure(model, test_loader, device, criterion, thr, K, m, amp, readouts)
