@@ -27,8 +27,8 @@ never branch on a core's name:
 ``cannot_step(cfg)``       why it cannot run one step at a time on a shrinking batch (None: it can)
 =========================  ======================================================================
 
-and of an instance: ``states(blocks, z, steps, grad_last)`` (the state after each step, in ONE
-pass), ``nfe`` (block applications of the last forward) and ``step_of_call(n)`` (the 1-based step
+and of an instance: ``_advance(state)``, its ONE step (the state sequence ``states(blocks, z,
+steps, grad_last)``, every step in one pass, is derived from it in this file), ``nfe`` (block applications of the last forward) and ``step_of_call(n)`` (the 1-based step
 of the n-th block call of the running forward, for probes). Every block call tells the block its
 step, ``block(z, step=k)`` with k = ``step_of_call`` of that call: per-step adapters read it, and
 a block recomputed under activation checkpointing is told the same step (tests/test_cores.py
@@ -209,7 +209,14 @@ class Core(nn.Module):
 
     def states(self, blocks: nn.ModuleList, z: torch.Tensor, steps: int,
                grad_last: Optional[int] = None) -> Iterator[torch.Tensor]:
-        raise NotImplementedError
+        """The state after each of ``steps`` steps, in one pass. Derived here, once, from the core's one
+        step (``begin`` / ``advance``); a core that cannot step (``cannot_step``) defines its own (the ODE
+        core: one solve over the whole time grid; SoftMoR: a mixture over all recursions)."""
+        state = self.begin(blocks, z)
+        for t in range(steps):
+            with grad_ctx(t, steps, grad_last):
+                z = self.advance(state)
+            yield z
 
     def begin(self, blocks: nn.ModuleList, z: torch.Tensor) -> StepState:
         """Start a forward from the embedded tokens ``z``, to be advanced one step at a time."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ...layers.step_cond import STEP_CONDITIONING, StepConditioning
-from .base import Core, check_choice, grad_ctx
+from .base import Core, check_choice
 
 
 @dataclass
@@ -62,12 +62,3 @@ class Recurrent(Core):
     def _advance(self, state):
         self.nfe += 1
         return self.cond(state.blocks[0], state.z, state.k, state.rows.get("x0"), step=state.k + 1)
-
-    def states(self, blocks, z, steps, grad_last=None):
-        self.nfe = 0
-        block, x0 = blocks[0], z
-        for t in range(steps):
-            with grad_ctx(t, steps, grad_last):
-                z = self.cond(block, z, t, x0, step=t + 1)
-            self.nfe += 1
-            yield z

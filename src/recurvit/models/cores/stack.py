@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import ClassVar, List, Optional
 
-from .base import Core, grad_ctx
+from .base import Core
 
 
 class Stack(Core):
@@ -50,11 +50,3 @@ class Stack(Core):
     def _advance(self, state):
         self.nfe += 1
         return state.blocks[state.k](state.z, step=state.k + 1)
-
-    def states(self, blocks, z, steps, grad_last=None):
-        self.nfe = 0
-        for i in range(steps):
-            with grad_ctx(i, steps, grad_last):
-                z = blocks[i](z, step=i + 1)
-            self.nfe += 1
-            yield z
