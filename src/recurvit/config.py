@@ -15,6 +15,29 @@ from omegaconf.errors import OmegaConfBaseException
 from .errors import UserError
 
 
+AMP_MODES = ("auto", "bf16", "off")
+WEIGHTINGS = ("uniform", "linear", "last")  # deep-supervision weights over the stages (train/losses.py)
+SCHEDULES = ("fixed", "uniform", "poisson_lognormal")  # per-batch depth schedules (train/losses.py)
+
+
+def choice(default: str, choices: tuple) -> Any:
+    """A string field that takes one of ``choices``: declared once, on the field, and checked for every
+    config when it is loaded (:func:`check_choices`), whatever schema it belongs to."""
+    return field(default=default, metadata={"choices": tuple(choices)})
+
+
+def check_choices(cfg: Any, prefix: str = "") -> None:
+    """UserError naming the key for a field whose value is not one of its declared choices."""
+    if not is_dataclass(cfg):
+        return
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        allowed = f.metadata.get("choices")
+        if allowed is not None and value not in allowed:
+            raise UserError(f"bad config: {prefix}{f.name} must be one of {', '.join(allowed)}, got '{value}'")
+        check_choices(value, f"{prefix}{f.name}.")
+
+
 @dataclass
 class ModelConfig:
     """The model of a run: a registry preset and what differs from it. ``options`` holds the
@@ -73,7 +96,7 @@ class SupervisionConfig:
     """Stage-wise deep supervision. stages=1 with weights=last is plain training."""
 
     stages: int = 1  # number of equally spaced readouts over the trained steps
-    weights: str = "last"  # uniform | linear | last
+    weights: str = choice("last", WEIGHTINGS)  # uniform | linear | last
     per_stage_heads: bool = False  # a head per stage instead of one shared head
 
 
@@ -81,7 +104,7 @@ class SupervisionConfig:
 class DepthConfig:
     """Per-batch depth schedule."""
 
-    schedule: str = "fixed"  # fixed | uniform | poisson_lognormal
+    schedule: str = choice("fixed", SCHEDULES)  # fixed | uniform | poisson_lognormal
     min_steps: int = 1  # uniform: lower bound
     max_steps: Optional[int] = None  # uniform: upper bound (None: 2 x nominal)
     sigma: float = 0.5  # poisson_lognormal: log-normal spread
@@ -89,7 +112,10 @@ class DepthConfig:
 
 
 @dataclass
-class TrainConfig:
+class OptimConfig:
+    """The optimizer and schedule every task trains with (AdamW, linear warmup, cosine to ``min_lr``;
+    train/optim.py): one schema, each task's ``train`` section derives from it with its own defaults."""
+
     epochs: int = 20
     batch_size: int = 128
     lr: float = 1e-3  # peak learning rate
@@ -98,10 +124,14 @@ class TrainConfig:
     warmup_epochs: float = 1.0
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: float = 1.0  # max global grad norm; 0 disables
+
+
+@dataclass
+class TrainConfig(OptimConfig):
     label_smoothing: float = 0.0
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    amp: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
+    amp: str = choice("auto", AMP_MODES)  # auto (bf16 on CUDA, off on CPU) | bf16 | off
     eval_every: int = 1  # epochs between test evaluations
     compile: bool = False
     activation_checkpointing: bool = False
@@ -202,9 +232,11 @@ def _merge_overrides(cfg: Any, overrides: Optional[List[str]], schema: type = Ru
 
 def to_object(cfg: Any) -> Any:
     try:
-        return OmegaConf.to_object(cfg)
+        obj = OmegaConf.to_object(cfg)
     except (OmegaConfBaseException, ValueError, TypeError) as e:
         raise _fail(e, "values") from None
+    check_choices(obj)
+    return obj
 
 
 def to_yaml(cfg: Any) -> str:
@@ -220,6 +252,6 @@ def as_dict(cfg: Any) -> dict:
 
 
 __all__ = [
-    "ModelConfig", "DataConfig", "TrainConfig", "SupervisionConfig", "DepthConfig", "RunConfig",
+    "ModelConfig", "DataConfig", "OptimConfig", "TrainConfig", "choice", "check_choices", "SupervisionConfig", "DepthConfig", "RunConfig",
     "load_config", "apply_overrides", "config_from_dict", "save_config", "to_yaml", "as_dict", "MISSING",
 ]

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-from ..config import RunConfig
+from ..config import AMP_MODES, RunConfig
 from ..errors import UserError
 from . import distributed as dist_io
 
@@ -33,8 +33,8 @@ def pick_device(name: str = "auto") -> torch.device:
 
 def autocast(device: torch.device, amp: str):
     """bf16 autocast: on by default on CUDA (amp=auto), opt-in on CPU (amp=bf16)."""
-    if amp not in ("auto", "bf16", "off"):
-        raise UserError(f"train.amp must be auto, bf16 or off, got '{amp}'")
+    if amp not in AMP_MODES:  # (a config loaded from a file was checked already; this is the Python API)
+        raise UserError(f"train.amp must be one of {', '.join(AMP_MODES)}, got '{amp}'")
     on = amp == "bf16" or (amp == "auto" and device.type == "cuda")
     return torch.autocast(device.type, dtype=torch.bfloat16) if on else nullcontext()
 

@@ -11,10 +11,8 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
-from ..config import DepthConfig
+from ..config import SCHEDULES, WEIGHTINGS, DepthConfig  # the choices, declared on the config fields
 
-WEIGHTINGS = ("uniform", "linear", "last")
-SCHEDULES = ("fixed", "uniform", "poisson_lognormal")
 
 
 def readout_steps(steps: int, stages: int) -> List[int]:

@@ -7,7 +7,7 @@ from typing import List
 import torch
 import torch.nn as nn
 
-from ..config import TrainConfig
+from ..config import OptimConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> List[dict]:
@@ -25,13 +25,13 @@ def param_groups(model: nn.Module, weight_decay: float) -> List[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
     fused = device.type == "cuda"
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas),
                              fused=fused or None)
 
 
-def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, iters_per_epoch: int):
+def build_scheduler(opt: torch.optim.Optimizer, cfg: OptimConfig, iters_per_epoch: int):
     total = max(1, cfg.epochs * iters_per_epoch)
     warmup = int(round(cfg.warmup_epochs * iters_per_epoch))
     floor = cfg.min_lr / cfg.lr if cfg.lr > 0 else 0.0
@@ -45,7 +45,7 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig, iters_per_epoc
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def follow_config(opt: torch.optim.Optimizer, sched, cfg: TrainConfig, iters_per_epoch: int) -> None:
+def follow_config(opt: torch.optim.Optimizer, sched, cfg: OptimConfig, iters_per_epoch: int) -> None:
     """After loading a checkpoint's optimizer and schedule state: make them follow ``cfg`` (a
     resume whose overrides changed lr, min_lr, epochs, warmup, weight decay or betas).
 

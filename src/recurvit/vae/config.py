@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from ..config import apply_overrides, as_dict, load_config, save_config, to_yaml
+from ..config import AMP_MODES, OptimConfig, apply_overrides, as_dict, choice, load_config, save_config, to_yaml
 from ..config import config_from_dict as _config_from_dict
+
+
+RECON = ("l1", "l2")  # reconstruction losses (vae/losses.py)
 
 
 @dataclass
@@ -64,7 +67,7 @@ class AdversarialConfig:
 
 
 @dataclass
-class VAETrainConfig:
+class VAETrainConfig(OptimConfig):  # the optimizer schema every task shares, with the VAE's defaults
     epochs: int = 10
     batch_size: int = 64
     lr: float = 2.0e-3  # peak learning rate (AdamW, warmup + cosine)
@@ -73,7 +76,7 @@ class VAETrainConfig:
     warmup_epochs: float = 0.5
     betas: List[float] = field(default_factory=lambda: [0.9, 0.99])
     grad_clip: float = 1.0  # max global grad norm; 0 disables
-    recon: str = "l1"  # l1 | l2 reconstruction loss (mean over pixels, images in [-1, 1])
+    recon: str = choice("l1", RECON)  # l1 | l2 reconstruction loss (mean over pixels, images in [-1, 1])
     sample: bool = True  # the latent in training: a posterior sample (false: its mean, a deterministic step)
     kl_weight: float = 1.0e-4  # KL (nats summed over latent elements) is divided by the pixel values per image
     perceptual_weight: float = 0.0  # > 0: LPIPS term; needs lpips_weights and vgg_weights as local files
@@ -82,7 +85,7 @@ class VAETrainConfig:
     adv: AdversarialConfig = field(default_factory=AdversarialConfig)
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    amp: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
+    amp: str = choice("auto", AMP_MODES)  # auto (bf16 on CUDA, off on CPU) | bf16 | off
     threads: int = 0  # CPU threads for torch (0: torch's default)
     eval_every: int = 1  # epochs between test evaluations
     progress: bool = True  # tqdm bars
