@@ -179,3 +179,41 @@ def test_exit_evaluator_calibrates_off_the_test_split(tmp_path):
     assert 1 <= a["exit_mean_steps"] <= 3 and a["exit_accuracy"] == pytest.approx(a["exit"]["test"]["accuracy"])
     assert a["exit_target_met"] == float(a["exit_drop_points"] <= 2.0) and a["exit_speedup"] > 0
     assert "exit" not in rows["b__seed=0"]
+
+
+def test_a_study_builds_on_another_studys_runs(tmp_path, monkeypatch):
+    """``from:``: a fine-tuning study fine-tunes each run of another study (here the bViT and ViT of a
+    tiny digits study) with every recipe of its grid; the source's labels stay, so seeds pair."""
+    from recurvit.study import write_report
+
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "src.yaml").write_text("name: src\nbase: base.yaml\ngrid:\n  regime:\n    rec: {}\n"
+                                       "    vit: {model.name: vit_tiny, model.depth: 3}\n  train.seed: [0, 1]\n"
+                                       "eval: {max_steps_factor: 1}\nresults: src_res\n")
+    (tmp_path / "ft.yaml").write_text("name: ft\ntask: finetune\nfrom: {study: src.yaml, only: {train.seed: [0]}}\n"
+                                      "overrides: {finetune.data: digits, train.epochs: 1}\n"
+                                      "grid:\n  method:\n    head: {finetune.method: head}\n"
+                                      "    lora: {finetune.method: lora, finetune.rank: 2}\n"
+                                      "eval: {max_steps_factor: 1}\nresults: ft_res\n")
+    ft = load_study(tmp_path / "ft.yaml")
+    assert [r.run_id for r in ft.runs] == ["rec__seed=0__head", "rec__seed=0__lora", "vit__seed=0__head",
+                                           "vit__seed=0__lora"]
+    monkeypatch.chdir(tmp_path)  # runs/studies/<name> is relative to the working directory
+    rows = run_study(ft, tmp_path / "runs" / "studies" / "ft", progress=False, log=lambda *a: None)
+    assert all("no last.pt" in r["error"] for r in rows)  # the source study has not run yet: one clear line
+    run_study(load_study(tmp_path / "src.yaml"), tmp_path / "runs" / "studies" / "src", progress=False,
+              log=lambda *a: None, only=["*__seed=0"])
+    rows = {r["run_id"]: r for r in run_study(ft, tmp_path / "runs" / "studies" / "ft", progress=False,
+                                              log=lambda *a: None)}
+    assert all("error" not in r for r in rows.values()), rows
+    head, lora = rows["rec__seed=0__head"], rows["rec__seed=0__lora"]
+    assert head["regime"] == "rec" and head["train.seed"] == "0" and head["method"] == "head"
+    assert 0 < head["trainable_params"] < lora["trainable_params"] < head["params_stored"]
+    assert 0 <= head["acc_T"] <= 1 and (tmp_path / "runs" / "studies" / "ft" / "runs" / "vit__seed=0__lora" /
+                                        "finetune.json").is_file()
+    report = write_report(list(rows.values()), ft, ft.results).read_text()
+    assert "| rec | head |" in report and "| vit | lora |" in report
+    with pytest.raises(UserError, match="from.only names regime"):
+        (tmp_path / "bad.yaml").write_text("name: b\ntask: finetune\nfrom: {study: src.yaml, only: {regime: [x]}}\n"
+                                           "grid:\n  method:\n    head: {finetune.method: head}\n")
+        load_study(tmp_path / "bad.yaml")

@@ -26,7 +26,7 @@ from ..errors import UserError
 from .archive import archive, archived, read_result
 from .evaluators import missing, recorded
 from .workers import estimate, in_processes
-from .spec import Study
+from .spec import Study, run_dir_root
 
 
 def _write_result(out: Path, res: Dict[str, Any]) -> None:
@@ -96,10 +96,6 @@ def _stored(rd: Path, study: Study, overrides: List[str]) -> Optional[Dict[str, 
         raise UserError(f"run {rd} was made with other settings than the study now asks for "
                         f"({res['overrides']} vs {overrides}); move it away or give the variant another name")
     return res
-
-
-def run_dir_root(study: Study) -> Path:
-    return study.runs_dir or Path("runs") / "studies" / study.name
 
 
 def selected(study: Study, only: Sequence[str] = ()) -> set:

@@ -88,7 +88,7 @@ class Study:
         return [a for a, _ in self.axes if a != SEED_KEY]
 
 
-TOP_KEYS = ("name", "task", "base", "overrides", "grid", "eval", "report", "runs", "results", "claims")
+TOP_KEYS = ("name", "task", "base", "from", "overrides", "grid", "eval", "report", "runs", "results", "claims")
 REPORT_KEYS = ("compare", "frontier")
 LABEL = re.compile(r"[A-Za-z0-9_.+-]+")
 MAX_RUNS = 10_000  # a grid larger than this is a mistake (a typo in an axis), not a study
@@ -121,7 +121,7 @@ def load_study(path: str | Path) -> Study:
     _check_keys(p, raw, TOP_KEYS, "")
     if isinstance(raw.get("report"), dict):
         _check_keys(p, raw["report"], REPORT_KEYS, "report.")
-    for key in ("name", "base", "grid"):
+    for key in ("name", "grid") + (() if raw.get("from") else ("base",)):
         if key not in raw:
             raise UserError(f"study file {p} needs a '{key}:' entry (see recurvit/study/spec.py)")
     for key in ("grid", "overrides", "eval", "report"):
@@ -157,6 +157,12 @@ def load_study(path: str | Path) -> Study:
             raise UserError(f"study file {p}: grid axis '{axis}' lists {', '.join(dup)} more than once "
                             "(each run would count twice)")
         axes.append((str(axis), variants))
+    source = _source(raw.get("from"), p) if raw.get("from") else None
+    if source is not None:
+        clash = sorted({a for a, _ in axes} & {a for a, _ in source[0]})
+        if clash:
+            raise UserError(f"study file {p}: grid axis {clash[0]} is an axis of the study it builds on (from:)")
+        axes = source[0] + axes
     size = math.prod(len(v) for _, v in axes)
     if size > MAX_RUNS:
         raise UserError(f"study file {p}: its grid has {size:,} runs (more than {MAX_RUNS:,}); split it or "
@@ -173,19 +179,50 @@ def load_study(path: str | Path) -> Study:
     if any(len(pair) != 2 for pair in compare):
         raise UserError(f"study file {p}: report.compare holds pairs of variant labels, e.g. [[naive, ds3]]")
     study = Study(
-        name=str(raw["name"]), base=_find(raw["base"], p), axes=axes, task=task,
+        name=str(raw["name"]), base=_find(raw["base"], p) if source is None else source[1], axes=axes, task=task,
         overrides=[f"{k}={_yaml_value(v)}" for k, v in (raw.get("overrides") or {}).items()],
         evaluators=evaluators,
         compare=compare, frontier=bool(rep.get("frontier", False)),
         runs_dir=(p.parent / raw["runs"]).resolve() if raw.get("runs") else None,
         results=(p.parent / raw["results"]).resolve() if raw.get("results") else None, path=p)
-    study.runs = expand(study)
+    study.runs = expand(study) if source is None else _expand_from(study, source)
     study.claims = load_claims(p, {axis: [lbl for lbl, _ in variants] for axis, variants in axes}, study.results)
     labels = {lbl for _, variants in axes for lbl, _ in variants}
     unknown = sorted({x for pair in compare for x in pair} - labels)
     if unknown:
         raise UserError(f"study file {p}: report.compare names {', '.join(unknown)}, which are not grid labels")
     return study
+
+
+def run_dir_root(study: "Study") -> Path:
+    """Where a study's run directories live (``runs:``, default runs/studies/<name>, from the cwd)."""
+    return study.runs_dir or Path("runs") / "studies" / study.name
+
+
+def _source(src: Any, p: Path):
+    """``from: {study: other.yaml, only: {axis: [labels]}}``: the runs of another study this one starts from
+    (a fine-tuning study fine-tunes each of them). Returns (its axes, restricted to ``only``; the folder of
+    its run directories; the runs)."""
+    if not isinstance(src, dict) or "study" not in src or not set(src) <= {"study", "only"}:
+        raise UserError(f"study file {p}: from: takes {{study: OTHER.yaml, only: {{axis: [labels]}}}}")
+    source = load_study(_find(str(src["study"]), p))
+    only = {str(k): [str(x) for x in (v if isinstance(v, list) else [v])] for k, v in (src.get("only") or {}).items()}
+    own = dict(source.axes)
+    for axis, labels in only.items():
+        if axis not in own or not set(labels) <= {lbl for lbl, _ in own[axis]}:
+            raise UserError(f"study file {p}: from.only names {axis}: {labels}, which {source.path} does not have")
+    axes = [(a, [(lbl, {}) for lbl, _ in v if a not in only or lbl in only[a]]) for a, v in source.axes]
+    runs = [r for r in source.runs if all(r.labels[a] in labels for a, labels in only.items())]
+    return axes, run_dir_root(source) / "runs", runs
+
+
+def _expand_from(study: "Study", source) -> List[RunSpec]:
+    """Every source run x every point of this study's own grid; a run's base is its source run directory."""
+    axes_n = len(source[0])
+    own = Study(study.name, study.base, study.axes[axes_n:], overrides=study.overrides, path=study.path)
+    mine = expand(own) if own.axes else [RunSpec("", {}, list(study.overrides), None)]
+    return [RunSpec(run_id="__".join(x for x in (src.run_id, run.run_id) if x), labels={**src.labels, **run.labels},
+                    overrides=run.overrides, base=source[1] / src.run_id) for src in source[2] for run in mine]
 
 
 def _find(path: str, study_file: Optional[Path]) -> Path:

@@ -11,10 +11,10 @@ from .base import Task
 from .classify import ClassifyTask, evaluate, train, train_one_epoch
 from .finetune import FinetuneTask, finetune, finetune_resume
 from .vae import VAETask, train_vae
-from . import classify_study, vae_study
+from . import classify_study, finetune_study, vae_study
 
 TASKS = {ClassifyTask.name: ClassifyTask, VAETask.name: VAETask}  # a fine-tune is a classify run
-STUDIES = {classify_study.name: classify_study, vae_study.name: vae_study}  # what a study asks of each task's runs
+STUDIES = {m.name: m for m in (classify_study, finetune_study, vae_study)}  # what a study asks of each task's runs
 
 __all__ = ["Task", "TASKS", "STUDIES", "ClassifyTask", "FinetuneTask", "VAETask", "train", "train_one_epoch", "evaluate",
            "finetune", "finetune_resume", "train_vae"]

@@ -36,14 +36,8 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
         threads: Optional[int] = None) -> Dict[str, Any]:
     """Train (or resume) the run, then run the evaluators of ``eval_spec`` ({name: options},
     :data:`recurvit.tasks.classify_eval.EVALUATORS`); the row also holds the run's cost and curves."""
-    from ..analysis.accounting import account
     from ..config import load_config
-    from ..study.evaluators import Evaluated, evaluate_run
-    from ..train.checkpoint import load_model_and_config
     from .classify import train
-    from ..train.rundir import RunDir
-    from ..runtime import build_test_loader, pick_device
-    from ..study.plateau import plateau_change
 
     cfg = run_config(load_config, out, base, overrides)
     cfg.train.progress = False
@@ -51,6 +45,19 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
         metrics = train_in_processes(["train"], base, overrides, out, nproc, threads)
     else:
         metrics = train(cfg, out, resume=out.is_dir(), log=quiet)
+    return evaluate_trained(out, eval_spec, metrics)
+
+
+def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """The result row of a trained classification run (its last.pt): the evaluators of ``eval_spec``,
+    its cost (parameters, FLOPs, NFE) and its curves; ``metrics``: what its training returned."""
+    from ..analysis.accounting import account
+    from ..study.evaluators import Evaluated, evaluate_run
+    from ..train.checkpoint import load_model_and_config
+    from ..train.rundir import RunDir
+    from ..runtime import build_test_loader, pick_device
+    from ..study.plateau import plateau_change
+
     t0 = time.perf_counter()
     model, cfg = load_model_and_config(out / "last.pt")
     device = pick_device(cfg.train.device)

@@ -1,0 +1,71 @@
+"""What a study asks of fine-tuning runs: fine-tune each run of another study (``from:``) with the
+recipe of this study's grid, then evaluate it as a classification run (the same evaluators, columns,
+tables and plots as :mod:`recurvit.tasks.classify_study`, plus the method and its trainable parameters).
+
+::
+
+    name: fashion-transfer
+    task: finetune
+    from: {study: fashion_plateau.yaml, only: {regime: [naive, vit_matched_flops]}}
+    overrides: {finetune.data: digits, data.img_size: 28, train.epochs: 10}
+    grid:
+      method: {full: {finetune.method: full}, lora: {finetune.method: lora, finetune.rank: 4}}
+
+``finetune.*`` keys are the recipe (``method``, ``data``, ``rank``, ``alpha``; ``recurvit finetune``'s
+options); every other key is a ``data.`` / ``train.`` override of the fine-tune. A run's source is
+its source study's run directory, which must hold a trained last.pt.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+from ..errors import UserError
+from ..runtime import quiet
+from .classify_eval import EVALUATORS  # noqa: F401  (a fine-tune is evaluated as a classification run)
+from .classify_study import (ACC_HEAD, ACC_KEYS, CONTRAST, CURVE_KEY, SHARED_KEYS, STAT_KEYS, chance,  # noqa: F401
+                             evaluate_trained, fill_cell, fix_row, intro, prepare_rows, report_plots, tables)
+from .classify_study import CSV_KEYS as _CLASSIFY_KEYS
+
+name = "finetune"
+CSV_KEYS = ["method", "trainable_params", *_CLASSIFY_KEYS]
+RECIPE = {"finetune.method": "method", "finetune.data": "data", "finetune.rank": "rank", "finetune.alpha": "alpha"}
+
+
+def recipe_of(overrides: List[str]) -> tuple:
+    """(recipe, the remaining data./train. overrides) of a fine-tuning run's override list."""
+    recipe: Dict[str, Any] = {"method": "lora", "data": None, "rank": 4, "alpha": None}
+    rest = []
+    for ov in overrides:
+        key, _, value = ov.partition("=")
+        if key in RECIPE:
+            recipe[RECIPE[key]] = yaml.safe_load(value)
+        elif key.startswith("finetune."):
+            raise UserError(f"unknown fine-tuning key {key} (the recipe keys: {', '.join(RECIPE)})")
+        else:
+            rest.append(ov)
+    if recipe["data"] is None:
+        raise UserError("a fine-tuning study names its target data set: finetune.data (e.g. digits)")
+    return recipe, rest
+
+
+def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
+        threads: Optional[int] = None) -> Dict[str, Any]:
+    """Fine-tune the source run ``base`` (resuming an interrupted fine-tune), then evaluate it."""
+    from .finetune import finetune, finetune_resume
+
+    recipe, rest = recipe_of(overrides)
+    if nproc > 1:
+        raise UserError("a fine-tuning study trains each run in one process")
+    if not (Path(base) / "last.pt").is_file():
+        raise UserError(f"source run {base} has no last.pt: run the study it comes from first (from:)")
+    if (out / "finetune.json").is_file() and (out / "last.pt").is_file():
+        summary = finetune_resume(out, log=quiet)
+    else:
+        summary = finetune(base, recipe["data"], recipe["method"], int(recipe["rank"]), recipe["alpha"],
+                           rest + ["train.progress=false"], out, log=quiet)
+    row = evaluate_trained(out, eval_spec, summary)
+    return {**row, "method": recipe["method"], "trainable_params": summary.get("trainable_params"),
+            "source": str(base)}
