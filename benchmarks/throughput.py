@@ -63,7 +63,7 @@ from recurvit.models.speed import compile_blocks, set_activation_checkpointing  
 WIDTHS = {"tiny": (192, 3), "small": (384, 6), "base": (768, 12)}
 MEMORY_STEPS = (6, 12, 24, 48)
 HORIZON = 48
-TARGETS = {  # issue 6
+TARGETS = {  # the speed and memory goals the benchmark reports against
     "train_speed_bvit_vs_timm": (">=", 1.0),
     "train_flops_fraction_of_matmul_peak": (">=", 0.70),
     "memory_ratio_checkpointing_T48": ("<=", 0.30),
