@@ -209,9 +209,14 @@ def table(lines: Sequence[Line], root: Path) -> List[str]:
         report = root / "results" / ln.study / "report.md"
         where = (f"[{ln.study}](results/{ln.study}/report.md)" if report.is_file() else ln.study) if ln.study else "-"
         data = f"{c.data} · {where}" if c.data else where
-        out.append(f"| {i} | {c.source} | {c.words} | {data} | {rule_text(c)} | {ln.came} | {ln.figure} | "
-                   f"**{ln.verdict}** |")
+        cells = [str(i), c.source, c.words, data, rule_text(c), ln.came, ln.figure, f"**{ln.verdict}**"]
+        out.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return out
+
+
+def _cell(text: str) -> str:
+    """A markdown table cell: a '|' in the text (a norm, ||dh||) is escaped, not a column break."""
+    return str(text).replace("\\|", "|").replace("|", "\\|")
 
 
 def summary(lines: Sequence[Line]) -> List[str]:

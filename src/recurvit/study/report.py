@@ -149,6 +149,7 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
     chance = view.chance(rows)
     lines += view.intro(rows, seeds)
     lines += view.tables(cs, study)
+    lines += evaluated_table(rows, study)
     lines += comparisons(cs, study)
     if failed:
         lines += ["Failed runs (not in the table):", ""] + [f"- `{r['run_id']}`: {r['error']}" for r in failed] + [""]
@@ -158,6 +159,26 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
 
     write_atomic(out_dir / "report.md", "\n".join(lines))
     return out_dir / "report.md"
+
+
+def evaluated_table(rows: List[Dict[str, Any]], study: Study) -> List[str]:
+    """The figures the study's evaluators added (their ``columns``), per cell: mean ± 95% half-width over
+    seeds, as each evaluator stores them (see its docstring for units)."""
+    from .stats import fmt_ci
+
+    view = STUDIES[study.task]
+    cols = [c for name in study.evaluators for c in getattr(getattr(view, "EVALUATORS", {}).get(name), "columns", ())
+            if any(r.get(c) is not None for r in rows)]
+    if not cols:
+        return []
+    axes = study.cell_axes()
+    groups: Dict[Tuple, List[Dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r.get(a) for a in axes), []).append(r)
+    body = [[str(k) for k in key] + [fmt_ci(mean_ci([r.get(c) for r in rs]), 1.0, 3) for c in cols]
+            for key, rs in groups.items() if any(r.get(c) is not None for r in rs for c in cols)]
+    return [f"Figures of the study's evaluators ({', '.join(study.evaluators)}), mean ± 95% half-width over "
+            "seeds:", ""] + table(axes + cols, body) + [""]
 
 
 def _plots(cs, study: Study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
