@@ -25,12 +25,14 @@ import yaml
 from ..errors import UserError
 from ..runtime import quiet
 from .classify_eval import EVALUATORS  # noqa: F401  (a fine-tune is evaluated as a classification run)
-from .classify_study import (ACC_HEAD, ACC_KEYS, CONTRAST, CURVE_KEY, SHARED_KEYS, STAT_KEYS, chance,  # noqa: F401
-                             evaluate_trained, fill_cell, fix_row, intro, prepare_rows, report_plots, tables)
-from .classify_study import CSV_KEYS as _CLASSIFY_KEYS
+from ..study.grouping import table
+from .classify_study import (ACC_HEAD, ACC_KEYS, CONTRAST, CURVE_KEY, STAT_KEYS, chance,  # noqa: F401
+                             evaluate_trained, fill_cell, fix_row, intro, prepare_rows, report_plots)
+from .classify_study import CSV_KEYS as _CLASSIFY_KEYS, SHARED_KEYS as _SHARED, tables as _classify_tables
 
 name = "finetune"
 CSV_KEYS = ["method", "trainable_params", *_CLASSIFY_KEYS]
+SHARED_KEYS = [*_SHARED, "trainable_params"]
 RECIPE = {"finetune.method": "method", "finetune.data": "data", "finetune.rank": "rank", "finetune.alpha": "alpha"}
 
 
@@ -69,3 +71,13 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
     row = evaluate_trained(out, eval_spec, summary)
     return {**row, "method": recipe["method"], "trainable_params": summary.get("trainable_params"),
             "source": str(base)}
+
+
+def tables(cs: List[Dict[str, Any]], study) -> List[str]:
+    """The classification tables, then what each recipe trains (its trainable parameters, head included)."""
+    axes = study.cell_axes()
+    body = [[str(c[a]) for a in axes] + [f"{c['trainable_params']:,}", f"{100 * c['trainable_params'] / c['params_stored']:.1f}%"]
+            for c in cs if c.get("trainable_params")]
+    extra = (["Trainable parameters of each fine-tune (the head included; stored = the model with its adapters):", ""]
+             + table(axes + ["trainable params", "of stored"], body) + [""]) if body else []
+    return _classify_tables(cs, study) + extra
