@@ -198,7 +198,8 @@ Each claim is declared with its rule in the study file that tests it (`claims:`;
 when the data contradict it, **not separable at this scale** when they do neither (the figure then says
 how many seeds would decide it at the observed effect and spread). A "no gain" claim is an equivalence
 claim with a stated margin, so it can fail. *Rule came* is read from git: **before** when the claim's
-rule was committed before the first commit of the results it reads, **after** otherwise."""
+rule was committed before the first commit of the results it reads (the first commit whose results.csv
+holds the columns of its figure), **after** otherwise."""
 
 
 def table(lines: Sequence[Line], root: Path) -> List[str]:
