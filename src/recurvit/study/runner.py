@@ -141,9 +141,11 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
 
     (out / "runs").mkdir(parents=True, exist_ok=True)
     done, todo = pending(study, out, only)
+    evaluate_only = sum(kw.get("previous") is not None for kw in todo)
     log(f"study {study.name}: {len(study.runs)} runs, {len(done)} finished, {len(todo)} to run or evaluate "
-        f"({workers} worker{'s' if workers > 1 else ''}) in {out}; results to {study.results or out}"
-        + estimate(done, len(todo), workers))
+        + (f"({evaluate_only} only to evaluate) " if evaluate_only else "")
+        + f"({workers} worker{'s' if workers > 1 else ''}) in {out}; results to {study.results or out}"
+        + estimate(done, sum(kw.get("previous") is None for kw in todo), workers))
     bar = tqdm(total=len(study.runs), initial=len(done), desc=study.name, disable=not show_progress(progress),
                dynamic_ncols=True)
     if workers <= 1:
