@@ -39,7 +39,7 @@ class Evaluated:
     device: Any
     test_loader: Any
     info: Any  # the data set's info (num_classes, ...)
-    load: Callable[..., Any]  # load(**core_options) -> another copy of the model with those options
+    load: Optional[Callable[..., Any]] = None  # load(**core_options): another copy with those options (None: none)
 
 
 class Evaluator:

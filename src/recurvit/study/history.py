@@ -35,6 +35,12 @@ def _claim_at(root: Path, commit: str, rel: str, cid: str) -> Any:
     return _claims_at(root, commit, rel).get(cid)
 
 
+@functools.lru_cache(maxsize=None)
+def _header_at(root: Path, commit: str, rel: str) -> tuple:
+    """The header row of the CSV ``rel`` at ``commit`` (every claim of a study reads the same file)."""
+    return tuple(next(csv.reader(io.StringIO(_git(root, "show", f"{commit}:{rel}") or "")), []))
+
+
 def rule_commit(root: Path, study_file: Path, cid: str) -> Optional[str]:
     """The commit that last changed claim ``cid`` of ``study_file`` ("worktree" when the working copy
     differs from HEAD; None outside a repository)."""
@@ -67,8 +73,7 @@ def results_commit(root: Path, results_file: Path, columns: Sequence[str] = ()) 
     if not columns:
         return commits[-1]
     for commit in reversed((_git(root, "log", "--format=%H", "--", rel) or "").split()):  # oldest first
-        head = next(csv.reader(io.StringIO(_git(root, "show", f"{commit}:{rel}") or "")), [])
-        if set(columns) <= set(head):
+        if set(columns) <= set(_header_at(root, commit, rel)):
             return commit
     return "worktree"
 

@@ -14,12 +14,17 @@ from .power import seeds_needed
 from .spec import SEED_KEY, Study
 from .stats import fmt_p, mean_ci, welch
 
+def evaluator_columns(rows: List[Dict[str, Any]], study: Study) -> List[str]:
+    """The scalar columns the task's evaluators add (their ``columns``) that some row has."""
+    return [c for ev in getattr(STUDIES[study.task], "EVALUATORS", {}).values() for c in ev.columns
+            if any(r.get(c) is not None for r in rows)]
+
+
 def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> None:
     axes = [a for a, _ in study.axes]
     variant_keys = sorted({f"variant_{k}" for r in rows for k, v in (r.get("variants") or {}).items() if v})
-    evaluated = [c for ev in getattr(STUDIES[study.task], "EVALUATORS", {}).values() for c in ev.columns
-                 if any(r.get(c) is not None for r in rows)]  # an evaluator's figures, where some run has them
-    keys = ["run_id"] + axes + [k for k in STUDIES[study.task].CSV_KEYS if k not in axes] + evaluated + variant_keys
+    keys = (["run_id"] + axes + [k for k in STUDIES[study.task].CSV_KEYS if k not in axes]
+            + evaluator_columns(rows, study) + variant_keys)
     import io
 
     from ..train.rundir import write_atomic
@@ -149,7 +154,7 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
     chance = view.chance(rows)
     lines += view.intro(rows, seeds)
     lines += view.tables(cs, study)
-    lines += evaluated_table(rows, study)
+    lines += evaluated_table(cs, study)
     lines += comparisons(cs, study)
     if failed:
         lines += ["Failed runs (not in the table):", ""] + [f"- `{r['run_id']}`: {r['error']}" for r in failed] + [""]
@@ -161,22 +166,17 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
     return out_dir / "report.md"
 
 
-def evaluated_table(rows: List[Dict[str, Any]], study: Study) -> List[str]:
+def evaluated_table(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     """The figures the study's evaluators added (their ``columns``), per cell: mean ± 95% half-width over
     seeds, as each evaluator stores them (see its docstring for units)."""
     from .stats import fmt_ci
 
-    view = STUDIES[study.task]
-    cols = [c for name in study.evaluators for c in getattr(getattr(view, "EVALUATORS", {}).get(name), "columns", ())
-            if any(r.get(c) is not None for r in rows)]
+    cols = evaluator_columns([r for c in cs for r in c["rows"]], study)
     if not cols:
         return []
     axes = study.cell_axes()
-    groups: Dict[Tuple, List[Dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault(tuple(r.get(a) for a in axes), []).append(r)
-    body = [[str(k) for k in key] + [fmt_ci(mean_ci([r.get(c) for r in rs]), 1.0, 3) for c in cols]
-            for key, rs in groups.items() if any(r.get(c) is not None for r in rs for c in cols)]
+    body = [[str(c[a]) for a in axes] + [fmt_ci(mean_ci([r.get(k) for r in c["rows"]]), 1.0, 3) for k in cols]
+            for c in cs if any(r.get(k) is not None for r in c["rows"] for k in cols)]
     return [f"Figures of the study's evaluators ({', '.join(study.evaluators)}), mean ± 95% half-width over "
             "seeds:", ""] + table(axes + cols, body) + [""]
 

@@ -68,14 +68,6 @@ class Study:
     runs: List[RunSpec] = field(default_factory=list)
     claims: List[Any] = field(default_factory=list)  # recurvit.study.claims.Claim: what the study decides
 
-    @property
-    def max_steps_factor(self) -> int:
-        return int(self.evaluators.get("horizon", {}).get("max_steps_factor", 1))
-
-    @property
-    def variants(self) -> Dict[str, Dict[str, Any]]:
-        return {k: v for k, v in self.evaluators.get("variants", {}).items() if k != "only"}
-
     def eval_for(self, labels: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
         """The evaluators (with options) a finished run with these grid labels must have run; each is
         recorded in the run's result.json."""

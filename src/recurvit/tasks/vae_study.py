@@ -55,8 +55,7 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
     ev = evaluate_vae(model, loader, device, cfg.train.amp)
     from ..study.evaluators import Evaluated, evaluate_run
 
-    figures = evaluate_run(Evaluated(model, cfg, out, device, loader, info,
-                                     load=lambda **opts: load_vae_run(out / "last.pt")[0]), eval_spec, EVALUATORS)
+    figures = evaluate_run(Evaluated(model, cfg, out, device, loader, info), eval_spec, EVALUATORS)
     x = next(iter(loader))[:16].to(device)
     with torch.no_grad():
         model.reconstruct(x, sample=False)  # warm-up

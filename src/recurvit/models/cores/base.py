@@ -28,8 +28,9 @@ never branch on a core's name:
 =========================  ======================================================================
 
 and of an instance: ``_advance(state)``, its ONE step (the state sequence ``states(blocks, z,
-steps, grad_last)``, every step in one pass, is derived from it in this file), ``nfe`` (block applications of the last forward) and ``step_of_call(n)`` (the 1-based step
-of the n-th block call of the running forward, for probes). Every block call tells the block its
+steps, grad_last)``, every step in one pass, is derived from it in this file), ``nfe`` (block
+applications of the last forward) and ``step_of_call(n)`` (the 1-based step of the n-th block call
+of the running forward, for probes). Every block call tells the block its
 step, ``block(z, step=k)`` with k = ``step_of_call`` of that call: per-step adapters read it, and
 a block recomputed under activation checkpointing is told the same step (tests/test_cores.py
 checks all of this for every entry of ``CORES``).
