@@ -49,6 +49,7 @@ class Evaluator:
     defaults: ClassVar[Dict[str, Any]] = {}
     free_form: ClassVar[bool] = False  # options are a mapping of the user's own names (variants)
     columns: ClassVar[tuple] = ()  # the scalar columns it adds, written to results.csv where a run has them
+    default: ClassVar[bool] = False  # runs for every study of its task, named in eval: or not
 
     def check(self, options: Mapping[str, Any], where: str) -> Dict[str, Any]:
         """The options with their defaults filled in; UserError naming ``where`` for a bad one."""
@@ -83,7 +84,7 @@ def parse_eval(raw: Mapping[str, Any], table: Mapping[str, Evaluator], where: st
             raise UserError(f"{where}: eval.{key} takes a mapping of options, got {value!r}")
         given[key] = {**given.get(key, {}), **(value or {})}
     for name, ev in table.items():
-        if getattr(ev, "default", False):
+        if ev.default:
             given.setdefault(name, {})
     out = {}
     for name, opts in given.items():
