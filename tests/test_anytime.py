@@ -251,20 +251,6 @@ def test_exit_command_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, caps
     assert json.loads(capsys.readouterr().out)["test"]["mean_steps"] == 2
 
 
-@pytest.mark.slow
-def test_experiment_script_end_to_end(tiny_runs, tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "experiments"))
-    import anytime as experiment
-
-    out = tmp_path / "results"
-    assert experiment.main(["--runs", str(tiny_runs), "--kinds", "ds3", "vit_ds6_heads", "random_depth",
-                            "--seeds", "0", "1", "--criteria", "kl", "max_prob", "--out", str(out)]) == 0
-    report = (out / "report.md").read_text()
-    assert "| ds3 | kl |" in report and "| vit_ds6_heads | max_prob |" in report and "± " in report
-    assert "recurvit exit" in report and "random_depth" in report  # missing runs are named
-    assert (out / "exit.png").stat().st_size > 1000
-
-
 def test_forward_adaptive_is_a_model_method():
     from recurvit import create_model
 

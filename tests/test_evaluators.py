@@ -168,17 +168,41 @@ results: res
 
 @pytest.mark.slow
 def test_exit_evaluator_calibrates_off_the_test_split(tmp_path):
-    """The anytime-exit evaluator: a held-out split calibrates, the test split measures; per-seed figures."""
+    """The anytime-exit evaluator: a held-out split calibrates every criterion and chooses among them, the
+    test split measures; a tagged second instance (``exit@deep``) runs with other options, its columns tagged."""
     (tmp_path / "base.yaml").write_text(BASE.replace("data: {name: digits}", "data: {name: digits, holdout: 0.2}"))
-    (tmp_path / "s.yaml").write_text(STUDY.format(eval="  max_steps_factor: 1\n  exit: {criterion: max_prob, "
-                                                       "target_drop: 2.0, only: {regime: [a]}}"))
+    (tmp_path / "s.yaml").write_text(STUDY.format(
+        eval="  max_steps_factor: 1\n  exit: {criteria: [max_prob, kl], target_drop: 2.0, only: {regime: [a]}}\n"
+             "  exit@deep: {criteria: kl, max_steps: 6, only: {regime: [a]}}"))
     rows = {r["run_id"]: r for r in run_study(load_study(tmp_path / "s.yaml"), tmp_path / "runs", progress=False,
                                               log=lambda *a: None)}
     a = rows["a__seed=0"]
-    assert a["exit"]["calibration_images"] == "held out from training" and a["exit"]["calibration_fraction"] == 0.2
-    assert 1 <= a["exit_mean_steps"] <= 3 and a["exit_accuracy"] == pytest.approx(a["exit"]["test"]["accuracy"])
-    assert a["exit_target_met"] == float(a["exit_drop_points"] <= 2.0) and a["exit_speedup"] > 0
-    assert "exit" not in rows["b__seed=0"]
+    per = a["exit"]["per_criterion"]
+    assert set(per) == {"max_prob", "kl"} and all(p["calibration_images"] == "held out from training" for p in per.values())
+    chosen = a["exit"]["chosen"]
+    assert per[chosen]["calibration"]["mean_steps"] == min(p["calibration"]["mean_steps"] for p in per.values())
+    assert a["exit_accuracy"] == pytest.approx(per[chosen]["test"]["accuracy"])  # the chosen one's test point
+    assert a["exit_calibration_steps"] == per[chosen]["calibration"]["mean_steps"] and a["exit_speedup"] > 0
+    assert a["exit_steps_pct_T"] == pytest.approx(100 * a["exit_mean_steps"] / 3)
+    deep = a["exit@deep"]["per_criterion"]["kl"]
+    assert deep["max_steps"] == 6 and a["exit_mean_steps@deep"] == pytest.approx(deep["test"]["mean_steps"])
+    assert "exit" not in rows["b__seed=0"] and "exit_accuracy@deep" not in rows["b__seed=0"]
+    from recurvit.study import write_report
+
+    report = write_report(list(rows.values()), load_study(tmp_path / "s.yaml"), tmp_path / "res").read_text()
+    header = (tmp_path / "res" / "results.csv").read_text().splitlines()[0].split(",")
+    assert {"exit_accuracy", "exit_accuracy@deep", "exit_speedup@deep"} <= set(header)
+    assert "exit_speedup@deep" in report and "![anytime exit" in report
+    assert (tmp_path / "res" / "exit.png").stat().st_size > 1000
+
+
+def test_bad_exit_options_and_tags_are_one_clear_error(tmp_path):
+    (tmp_path / "base.yaml").write_text(BASE)
+    for bad, needle in (("exit: {criteria: [fastest]}", "criteria must be"), ("exit@: {}", "must be a name"),
+                        ("horizon@x y: {}", "must be a name"), ("exits@b: {}", "unknown evaluator")):
+        (tmp_path / "s.yaml").write_text(STUDY.format(eval="  " + bad))
+        with pytest.raises(UserError, match=needle):
+            load_study(tmp_path / "s.yaml")
 
 
 def test_a_study_builds_on_another_studys_runs(tmp_path, monkeypatch):

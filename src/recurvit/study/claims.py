@@ -26,6 +26,8 @@ Rule kinds and their keys (margins are in the figure's own units: accuracy as a 
   each x, ``b`` with ``paired: true``): the least-squares slope over x, every run one point.
 - ``near_chance`` (``a``, ``margin``, optional ``chance``, else the rows' ``chance`` column).
 - ``heterogeneity`` (``groups``: name -> cells, ``margin``): the groups' means are not all equal.
+- ``target`` (``a``, ``targets``: column -> ``{max: v}`` or ``{min: v}``): a project's own target, met
+  per seed or not (every seed of ``a`` is checked against every bound and counted; no mean is taken).
 - ``all_of`` (``parts``: claim ids of the same study, optional ``qualified: {when: [ids], verdict: ...}``):
   reproduced when every part is, not reproduced when any part is not; ``qualified`` names the verdict
   when the claim as a whole is not reproduced but the parts in ``when`` are.
@@ -40,6 +42,10 @@ Claims that no study here can measure live in a study-less claims file with kind
 exact identity, named ``tests/file.py::test``) and ``needs`` (what it needs, and the command that
 would test it).
 
+Any claim may name ``seen``: earlier results files (paths from the repository's root) that held the
+same figures before they moved to this study's results, so that whether its rule came before its
+results is read against the first of them (:mod:`recurvit.study.history`).
+
 A label that a claim names and its study does not have is an error (:class:`UserError`), never a
 silent "not measured". No claim branches on a core's name: cells are grid labels.
 """
@@ -47,7 +53,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -57,12 +63,13 @@ from ..errors import UserError
 from . import rules
 
 SEED_KEY = "train.seed"  # the grid axis a study averages over (recurvit.study.spec uses this one)
-RULE_KINDS = ("superiority", "noninferiority", "equivalence", "trend", "near_chance", "heterogeneity", "all_of")
+RULE_KINDS = ("superiority", "noninferiority", "equivalence", "trend", "near_chance", "heterogeneity", "target",
+              "all_of")
 ROW_KINDS = ("accounting", "identity", "needs")
 NOT_TESTED = "not tested (the reference did not train)"
 KEYS = {"source", "words", "data", "rule", "figure", "a", "b", "side", "margin", "by", "paired", "label", "axis", "x",
         "log2", "x_name", "chance", "groups", "parts", "qualified", "scale", "unit", "count", "paper", "test", "needs",
-        "command", "note", "reference_baseline"}
+        "command", "note", "reference_baseline", "targets", "seen"}
 Row = Dict[str, Any]
 
 
@@ -127,6 +134,14 @@ def load_claims(path: Path, labels: Optional[Dict[str, List[str]]] = None,
 def _check_labels(claim: Claim, where: str) -> None:
     if claim.rule in ROW_KINDS:
         return
+    if claim.rule == "target":
+        t = claim.spec.get("targets")
+        ok = isinstance(t, dict) and t and all(
+            isinstance(b, dict) and len(b) == 1 and set(b) <= {"max", "min"}
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in b.values()) for b in t.values())
+        if not ok or "a" not in claim.spec:
+            raise UserError(f"{where}: a target claim needs `a` and `targets` mapping columns to "
+                            "{max: number} or {min: number}")
     if claim.rule != "all_of" and not claim.labels:
         raise UserError(f"{where}: a {claim.rule} claim needs a study grid")
     cells = [claim.spec.get(k) for k in ("a", "b")] + list((claim.spec.get("groups") or {}).values())
@@ -180,6 +195,15 @@ def figure_of(row: Row, figure: Any) -> Optional[float]:
         a, b = _num(row.get(left)), _num(row.get(right))
         return None if a is None or b is None else a - b
     return _num(row.get(figure))
+
+
+def claim_columns(claim: Claim) -> List[str]:
+    """The results.csv columns a claim's rule reads (none for a claim made of others)."""
+    if claim.rule == "all_of":
+        return []
+    if claim.rule == "target":
+        return list(claim.spec["targets"])
+    return figure_columns(claim.spec.get("figure", "acc_T"))
 
 
 def figure_columns(figure: Any) -> List[str]:
@@ -237,6 +261,12 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
     if claim.rule == "heterogeneity":
         groups = {name: [v for _, v in values(rows, cell, fig)] for name, cell in s["groups"].items()}
         return rules.heterogeneity(groups, float(s["margin"]))
+    if claim.rule == "target":
+        cell = sorted((r for r in rows if _match(r, s["a"])), key=lambda r: str(r.get(SEED_KEY, r.get("seed"))))
+        runs = [{c: _num(r.get(c)) for c in s["targets"]} for r in cell]
+        d = rules.per_seed_target(runs, s["targets"])
+        per_seed = "; ".join(", ".join("-" if v is None else f"{v:.3g}" for v in run.values()) for run in runs)
+        return replace(d, note=f"{d.note}; per seed ({', '.join(s['targets'])}): {per_seed}")
     a = values(rows, s["a"], fig)
     untrained = _reference_untrained(claim, rows)
     if untrained:

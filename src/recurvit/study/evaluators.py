@@ -13,7 +13,9 @@ checks its options when the study file is read, and, given a trained run, return
 to the run's result row. A run's ``result.json`` records, per evaluator, the options it was evaluated
 with; when a study asks for an evaluator a finished run lacks (or other options), only that evaluator
 runs, on the run's checkpoint: nothing is trained again and the other evaluators' figures are kept.
-``only: {axis: [labels]}`` (any evaluator) limits it to the runs whose grid labels match.
+``only: {axis: [labels]}`` (any evaluator) limits it to the runs whose grid labels match. The same
+evaluator may run twice with other options under a tagged name, ``exit@beyond: {max_steps: 12}``:
+its columns then carry the tag (``exit_accuracy@beyond``).
 
 A new evaluator is one class plus one entry in its task's ``EVALUATORS``.
 """
@@ -26,6 +28,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional
 from ..errors import UserError
 
 ONLY = "only"  # the option every evaluator takes: the grid labels of the runs it applies to
+TAG = "@"  # exit@beyond: a second instance of an evaluator, its columns tagged "@beyond"
 LEGACY = {"max_steps_factor": "horizon"}  # an eval key of older study files -> (evaluator, option of that name)
 
 
@@ -78,8 +81,11 @@ def parse_eval(raw: Mapping[str, Any], table: Mapping[str, Evaluator], where: st
         if key in LEGACY and LEGACY[key] in table:  # max_steps_factor: 16  ==  horizon: {max_steps_factor: 16}
             given.setdefault(LEGACY[key], {})[key] = value
             continue
-        if key not in table:
+        base, tag, label = str(key).partition(TAG)
+        if base not in table:
             raise UserError(f"{where}: unknown evaluator 'eval.{key}' (this task's: {', '.join(table)})")
+        if tag and not label.isidentifier():
+            raise UserError(f"{where}: eval.{key}: the tag after '{TAG}' must be a name, e.g. {base}{TAG}beyond")
         if value is not None and not isinstance(value, dict):
             raise UserError(f"{where}: eval.{key} takes a mapping of options, got {value!r}")
         given[key] = {**given.get(key, {}), **(value or {})}
@@ -89,14 +95,31 @@ def parse_eval(raw: Mapping[str, Any], table: Mapping[str, Evaluator], where: st
     out = {}
     for name, opts in given.items():
         only = opts.pop(ONLY, None)
-        opts = table[name].check(opts, f"{where}: eval.{name}")
-        if not opts and table[name].free_form:
+        ev = evaluator(table, name)
+        opts = ev.check(opts, f"{where}: eval.{name}")
+        if not opts and ev.free_form:
             continue  # no variants asked: nothing to evaluate
         if only is not None:
             out[name] = {**opts, ONLY: _check_only(only, axes, f"{where}: eval.{name}.only")}
         else:
             out[name] = opts
     return out
+
+
+def evaluator(table: Mapping[str, Evaluator], key: str) -> Evaluator:
+    """The evaluator an ``eval:`` key names (``exit@beyond`` names ``exit``)."""
+    return table[key.partition(TAG)[0]]
+
+
+def columns(key: str, ev: Evaluator) -> List[str]:
+    """The scalar columns an ``eval:`` key writes: the evaluator's, tagged for a tagged instance."""
+    tag = key.partition(TAG)[2]
+    return [f"{c}{TAG}{tag}" if tag else c for c in ev.columns]
+
+
+def _tagged(key: str, figures: Dict[str, Any]) -> Dict[str, Any]:
+    tag = key.partition(TAG)[2]
+    return {f"{k}{TAG}{tag}": v for k, v in figures.items()} if tag else figures
 
 
 def _check_only(only: Any, axes: Mapping[str, List[str]], where: str) -> Dict[str, List[str]]:
@@ -146,5 +169,5 @@ def evaluate_run(run: Evaluated, asked: Mapping[str, Dict[str, Any]], table: Map
     """The columns of every asked evaluator, in the order asked."""
     row: Dict[str, Any] = {}
     for name, opts in asked.items():
-        row.update(table[name](run, {k: v for k, v in opts.items() if k != ONLY}))
+        row.update(_tagged(name, evaluator(table, name)(run, {k: v for k, v in opts.items() if k != ONLY})))
     return row

@@ -3,7 +3,7 @@
 Claims are declared in the study files (``claims:``, see :mod:`recurvit.study.claims`); claims that no
 study here measures (counts, tested identities, what would need ImageNet or a GPU) in the study-less
 file ``studies/claims.yaml``. Nothing here trains or evaluates: the table is computed from the
-committed ``results/*/results.csv`` (and ``results/accounting/counts.json``, ``results/anytime*``),
+committed ``results/*/results.csv`` (and ``results/accounting/counts.json``),
 and whether each rule came before its results is read from the repository's history.
 
     python scripts/findings.py           # writes results/findings.md (and the SoftMoR figure)
@@ -20,7 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from ..errors import UserError
 from . import rules
-from .claims import NOT_TESTED, Claim, decide_all, load_claims
+from .claims import NOT_TESTED, Claim, claim_columns, decide_all, load_claims
 from .history import rule_came
 from .spec import load_study
 from .stats import fmt_p, mean_ci
@@ -73,7 +73,9 @@ def decision_text(claim: Claim, d: rules.Decision) -> str:
     if claim.rule == "all_of" or d.verdict == NOT_TESTED:
         return f"{label}: {d.note}" if claim.rule != "all_of" else d.note
     if d.verdict == rules.NOT_MEASURED:
-        return f"{label}: fewer than 2 runs per cell"
+        return f"{label}: fewer than 2 runs per cell" if claim.rule != "target" else f"{label}: no run evaluated yet"
+    if claim.rule == "target":
+        return f"{label}: {d.note}"
     if claim.rule == "near_chance":  # a level, not a difference: no sign, and the chance it is held to
         text = (f"{label}: {d.estimate * claim.scale:.2f}% [{d.lo * claim.scale:.2f}, {d.hi * claim.scale:.2f}], "
                 f"p = {fmt_p(d.p)} ({d.note})")
@@ -112,49 +114,6 @@ def _studyless(claim: Claim, root: Path) -> Tuple[str, str]:
     return f"`{s['command']}`", f"needs {s['needs']}"
 
 
-def _anytime_lines(root: Path) -> List[Line]:
-    """Anytime exit: a criterion is chosen per run kind on the calibration split
-    (fewest mean steps there, every criterion's threshold calibrated to the target drop there), and the
-    target is then counted per seed on the test split."""
-    from importlib import util
-
-    experiment = root / "experiments" / "anytime.py"
-    if not experiment.is_file():
-        return []
-    spec = util.spec_from_file_location("anytime_experiment", experiment)
-    module = util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    target = module.TARGET
-    words = (f"exit early at no more than {target['drop_points']:g} points of accuracy, ≤ {target['steps_pct_T']:g}% "
-             f"of T's steps and ≥ {target['speedup']:g}x images/s (the project's own target)")
-    lines = []
-    for kind in ("ds3", "random_depth", "vit_ds6_heads", "naive"):
-        runs: Dict[str, Dict[str, dict]] = {}
-        for p in sorted((root / "results" / "anytime" / "runs").glob(f"{kind}__seed=*/*/exit.json")):
-            runs.setdefault(p.parent.name, {})[p.parent.parent.name] = json.loads(p.read_text())
-        if not runs:
-            continue
-        calib = {c: mean_ci([e["calibration"]["mean_steps"] for e in per.values()])["mean"] for c, per in runs.items()}
-        best = min(calib, key=calib.get)  # chosen on the calibration split alone
-        tests = [e["test"] for e in runs[best].values()]
-        met = [t["drop_points"] <= target["drop_points"] and t["steps_pct_T"] <= target["steps_pct_T"]
-               and t["speedup"] >= target["speedup"] for t in tests]
-        per_seed = "; ".join(f"drop {t['drop_points']:+.2f}, {t['steps_pct_T']:.0f}%, {t['speedup']:.2f}x" for t in tests)
-        claim = Claim(f"anytime_{kind}", "recurvit", words, "target", {"data": "Fashion-MNIST, 10 epochs"})
-        verdict = ("target met in every seed" if all(met) else
-                   f"target met in {sum(met)} of {len(met)} seeds")
-        lines.append(Line(claim, "anytime", f"{kind}, criterion {best} (fewest calibration steps): {per_seed}",
-                          verdict, "after"))
-    return lines
-
-
-def _columns(c: Claim) -> List[str]:
-    """The results.csv columns a claim's rule reads (its figure; none for a claim made of others)."""
-    from .claims import figure_columns
-
-    return [] if c.rule == "all_of" else figure_columns(c.spec.get("figure", "acc_T"))
-
-
 def collect(root: Path) -> List[Line]:
     """Every claim with its verdict: the studies' claims, then the study-less ones, in the sources' order."""
     lines: List[Line] = []
@@ -179,13 +138,12 @@ def collect(root: Path) -> List[Line]:
                 figure, verdict = decision_text(c, d), d.verdict
                 if len(rows) < len(study.runs):  # decided on the runs in so far: say so
                     figure += f" (partial study: {len(rows)} of {len(study.runs)} runs in)"
-            lines.append(Line(c, study.results.name, figure, verdict, rule_came(root, path, c.id, results, _columns(c))))
+            lines.append(Line(c, study.results.name, figure, verdict, rule_came(root, path, c.id, results, claim_columns(c), c.spec.get("seen", ()))))
     studyless = root / "studies" / STUDYLESS
     if studyless.is_file():
         for c in load_claims(studyless):
             figure, verdict = _studyless(c, root)
             lines.append(Line(c, "", figure, verdict, "-"))
-    lines += _anytime_lines(root)
     order = {s: i for i, s in enumerate(SOURCES)}
     return sorted(lines, key=lambda ln: order.get(ln.claim.source, len(order)))
 

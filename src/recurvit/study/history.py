@@ -78,13 +78,31 @@ def results_commit(root: Path, results_file: Path, columns: Sequence[str] = ()) 
     return "worktree"
 
 
-def rule_came(root: Path, study_file: Path, cid: str, results_file: Path, columns: Sequence[str] = ()) -> str:
+def first_commit(root: Path, rel: str) -> Optional[str]:
+    """The first commit that added the file ``rel`` (it may be gone since); None when none did."""
+    commits = (_git(root, "log", "--format=%H", "--diff-filter=A", "--", rel) or "").split()
+    return commits[-1] if commits else None
+
+
+def _earliest(root: Path, commits: Sequence[str]) -> str:
+    known = [c for c in commits if c not in (None, "worktree")]
+    if not known:
+        return "worktree"
+    order = (_git(root, "rev-list", "--topo-order", "--reverse", "HEAD") or "").split()
+    return min(known, key=lambda c: order.index(c) if c in order else len(order))
+
+
+def rule_came(root: Path, study_file: Path, cid: str, results_file: Path, columns: Sequence[str] = (),
+              seen: Sequence[str] = ()) -> str:
     """"before" when the claim's rule was committed before the first commit of the results it reads
-    (``columns``: the results.csv columns of its figure), "after" otherwise; "no results yet" when
-    there are none; "unknown" outside a git repository."""
+    (``columns``: the results.csv columns of its figure; ``seen``: earlier files, relative to ``root``,
+    that held the same figures, which count from their own first commit), "after" otherwise; "no
+    results yet" when there are none; "unknown" outside a git repository."""
     if not results_file.is_file():
         return "no results yet"
     rule, res = rule_commit(root, study_file, cid), results_commit(root, results_file, columns)
+    if seen and res is not None:
+        res = _earliest(root, [res, *(first_commit(root, f) for f in seen)])
     if rule is None or res is None:
         return "unknown"
     if rule == "worktree":

@@ -14,10 +14,16 @@ from .power import seeds_needed
 from .spec import SEED_KEY, Study
 from .stats import fmt_p, mean_ci, welch
 
+
 def evaluator_columns(rows: List[Dict[str, Any]], study: Study) -> List[str]:
-    """The scalar columns the task's evaluators add (their ``columns``) that some row has."""
-    return [c for ev in getattr(STUDIES[study.task], "EVALUATORS", {}).values() for c in ev.columns
-            if any(r.get(c) is not None for r in rows)]
+    """The scalar columns the task's evaluators add (their ``columns``, tagged for the study's tagged
+    instances such as ``exit@beyond``) that some row has."""
+    from .evaluators import columns, evaluator
+
+    table = getattr(STUDIES[study.task], "EVALUATORS", {})
+    keys = list(table) + [k for k in study.evaluators if k not in table]
+    cols = [c for k in keys for c in columns(k, evaluator(table, k))]
+    return [c for c in dict.fromkeys(cols) if any(r.get(c) is not None for r in rows)]
 
 
 def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> None:

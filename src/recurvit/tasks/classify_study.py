@@ -187,6 +187,15 @@ def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str
     if study.frontier:
         made.append(plots.frontier(cs, out_dir, study.name, chance))
     axes = study.cell_axes()
+    exits = [(c, r) for c in cs for r in c["rows"][:1] if isinstance(r.get("exit"), dict)]
+    if exits:  # anytime exit: accuracy against mean steps, every criterion's sweep, the first seed of each cell
+        from ..analysis.anytime import plot
+
+        plot([{"title": f"{', '.join(str(c[a]) for a in axes)} (seed {r.get('seed')}), chosen: {r['exit']['chosen']}",
+               "T": r["steps"], "fixed": next(iter(r["exit"]["per_criterion"].values()))["fixed_accuracy"],
+               "curves": {k: {"rows": e["sweep"], "point": e["test"]} for k, e in r["exit"]["per_criterion"].items()}}
+              for c, r in exits], out_dir / "exit.png")
+        made.append(("anytime exit: test accuracy against mean steps per image", "exit.png"))
     for a, b in study.compare:  # a comparison made at 3 or more labels of one other axis: its trend
         found, others = pairs(cs, axes, a, b), [x for x in axes if x != axis_of(cs, axes, a, b)]
         if len(found) >= 3 and len(others) == 1:
