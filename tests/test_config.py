@@ -1,6 +1,8 @@
 """The run configs (recurvit.config, recurvit.vae.config): choices declared on their fields and checked
-for every schema when a config is loaded; one optimizer schema for every task."""
+for every schema when a config is loaded; one optimizer schema for every task; the model sections
+derived from the model configs' own fields."""
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +37,31 @@ def test_one_optimizer_schema_serves_every_task():
     for schema in (TrainConfig, VAETrainConfig):
         assert issubclass(schema, OptimConfig) and optim <= {f.name for f in dataclasses.fields(schema)}
     assert VAETrainConfig().lr != TrainConfig().lr  # each task keeps its own defaults
+
+
+def test_the_run_configs_model_keys_are_the_model_configs_fields():
+    """ModelConfig / VAEModelConfig are derived from the architecture fields the model configs take
+    (recurvit.model_fields), not kept by hand: every model field is a run-config key defaulting to None
+    ("the preset's value"), typed as the model field is, and a run config's model builds that model."""
+    import dataclasses
+    import typing
+
+    from recurvit.config import ModelConfig, load_config
+    from recurvit.models import ViTConfig, create_model
+    from recurvit.models.loopvae import LoopVAEConfig
+    from recurvit.vae.config import VAEModelConfig
+
+    for run_cls, model_cls, extra in ((ModelConfig, ViTConfig, {"options"}), (VAEModelConfig, LoopVAEConfig, set())):
+        run_fields = {f.name: f for f in dataclasses.fields(run_cls)}
+        model_fields = {f.name: f for f in dataclasses.fields(model_cls)}
+        assert set(run_fields) == {"name"} | set(model_fields)
+        for name, f in model_fields.items():
+            if name in extra:
+                continue
+            assert run_fields[name].default is None
+            assert typing.get_type_hints(run_cls)[name] == typing.Optional[typing.get_type_hints(model_cls)[name]]
+    with pytest.raises(UserError, match="model.embed_dim"):
+        load_config(None, ["model.embed_dim=wide"])
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs/digits/bvit.yaml", ["model.mlp_ratio=2.5"])
+    keys = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k not in ("name", "options") and v is not None}
+    assert create_model(cfg.model.name, **keys).cfg.mlp_ratio == 2.5

@@ -7,6 +7,7 @@ import pytest
 from scipy import stats
 
 from recurvit.study import rules
+from recurvit.study.targets import per_seed_target
 from recurvit.study.rules import (NOT_MEASURED, NOT_REPRODUCED, NOT_SEPARABLE, REPRODUCED, Decision, equivalence,
                                   fmt_decision, heterogeneity, near_chance, noninferiority, seeds_needed,
                                   superiority, trend)
@@ -372,14 +373,14 @@ def test_fmt_decision():
 def test_per_seed_target_counts_seeds_and_a_missing_figure_fails():
     bounds = {"drop": {"max": 0.5}, "speedup": {"min": 1.4}}
     runs = [{"drop": 0.5, "speedup": 1.4}, {"drop": 0.2, "speedup": 3.0}, {"drop": 0.6, "speedup": 9.0}]
-    d = rules.per_seed_target(runs, bounds)
+    d = per_seed_target(runs, bounds)
     assert d.verdict == "target met in 2 of 3 seeds" and d.estimate == pytest.approx(2 / 3) and d.n == (3,)
-    assert rules.per_seed_target(runs[:2], bounds).verdict == "target met in every seed"
-    assert rules.per_seed_target([{"drop": 0.1, "speedup": None}], bounds).verdict == "target met in 0 of 1 seeds"
-    assert rules.per_seed_target([], bounds).verdict == NOT_MEASURED
-    assert rules.per_seed_target([{"drop": None, "speedup": None}], bounds).verdict == NOT_MEASURED  # not evaluated
+    assert per_seed_target(runs[:2], bounds).verdict == "target met in every seed"
+    assert per_seed_target([{"drop": 0.1, "speedup": None}], bounds).verdict == "target met in 0 of 1 seeds"
+    assert per_seed_target([], bounds).verdict == NOT_MEASURED
+    assert per_seed_target([{"drop": None, "speedup": None}], bounds).verdict == NOT_MEASURED  # not evaluated
     with pytest.raises(ValueError):
-        rules.per_seed_target(runs, {"drop": {"below": 0.5}})
+        per_seed_target(runs, {"drop": {"below": 0.5}})
 
 
 def test_public_api():

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import UserError
+from .model_fields import ViTFields, options_field, preset_schema
 
 
 AMP_MODES = ("auto", "bf16", "off")
@@ -38,31 +39,13 @@ def check_choices(cfg: Any, prefix: str = "") -> None:
         check_choices(value, f"{prefix}{f.name}.")
 
 
-@dataclass
-class ModelConfig:
-    """The model of a run: a registry preset and what differs from it. ``options`` holds the
-    core's own options (see the core's Options in recurvit/models/cores/); in YAML and overrides
-    they may also be written flat (``model.method: rk4`` is ``model.options.method: rk4``)."""
-
-    name: str = "bvit_tiny"  # registry preset; every other field left None takes the preset's value
-    img_size: Optional[int] = None  # None: follow the data set
-    patch_size: Optional[int] = None  # None: preset value
-    in_chans: Optional[int] = None  # None: follow the data set
-    num_classes: Optional[int] = None  # None: follow the data set
-    embed_dim: Optional[int] = None  # width
-    depth: Optional[int] = None  # blocks stored (1 for a core with one shared block)
-    num_heads: Optional[int] = None
-    mlp_ratio: Optional[float] = None
-    steps: Optional[int] = None  # block-application steps at the trained depth
-    core: Optional[str] = None  # stack | recurrent | ode | softmor (models/cores/)
-    global_pool: Optional[str] = None  # token (class token) | avg
-    class_token: Optional[bool] = None
-    qkv_bias: Optional[bool] = None
-    init_values: Optional[float] = None  # LayerScale init; None/0 disables
-    drop_rate: Optional[float] = None  # dropout before the head
-    drop_path: Optional[float] = None  # stochastic depth rate
-    stage_heads: Optional[int] = None  # deep supervision: number of per-stage heads (0: one shared head)
-    options: Dict[str, Any] = field(default_factory=dict)  # the core's options (method, recursions, ...)
+ModelConfig = preset_schema(
+    "ModelConfig", ViTFields, "bvit_tiny", module=__name__, extra=[options_field()],
+    doc="""The model of a run: a registry preset (``name``) and what differs from it. Every field of
+    :class:`recurvit.model_fields.ViTFields` (the fields of ``ViTConfig``), left None to take the
+    preset's value (img_size, in_chans and num_classes: the data set's). ``options`` holds the core's
+    own options (see the core's Options in recurvit/models/cores/); in YAML and overrides they may also
+    be written flat (``model.method: rk4`` is ``model.options.method: rk4``).""")
 
 
 @dataclass

@@ -86,7 +86,7 @@ def run(args) -> int:
     summary = {"run": str(args.run), "model": cfg.model.name, "core": model.cfg.core,
                "runs_as": model.cfg.core_cls.describe(model.cfg), **res, "device": str(device),
                "threads": torch.get_num_threads(), "csv": str(out_dir / "exit.csv"), "png": str(out_dir / "exit.png")}
-    with open(out_dir / "exit.json", "w") as f:  # what --json prints, for reports (experiments/anytime.py)
+    with open(out_dir / "exit.json", "w") as f:  # what --json prints, for reports
         json.dump({**summary, "sweep": rows}, f, indent=1)
     if args.json:
         print_json({**summary, "sweep": rows})

@@ -1,8 +1,10 @@
 """LoopVAE's config (its own module so the core, the codec and the model import it without a cycle)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import List, Sequence, Union
+
+from ..model_fields import LoopVAEFields
 
 OPERATORS = ("conv", "transformer")
 LOOPVAE_CORES = ("shared", "unshared")  # sharing of the VAE core (not models.cores.CORES: depth cores)
@@ -13,23 +15,9 @@ LoopSpec = Union[None, int, Sequence[int]]
 
 
 @dataclass
-class LoopVAEConfig:
-    img_size: int = 32  # input resolution (square)
-    in_chans: int = 3
-    operator: str = "conv"  # conv (residual conv blocks, adaptive GroupNorm) | transformer (adaptive LayerNorm)
-    core: str = "shared"  # shared (LoopVAE) | unshared (reference: own blocks at every application)
-    embed_dim: int = 64  # width of every scale: one core serves them all
-    depth: int = 4  # blocks in the core (one loop = depth block applications)
-    loops: List[int] = field(default_factory=lambda: [2, 2, 3])  # encoder loops per scale, finest first
-    decoder_loops: Optional[List[int]] = None  # None: the encoder's loops (mirror)
-    patch_size: int = 2  # stem patchify: scale 0 runs at img_size / patch_size
-    z_channels: int = 8  # latent channels
-    latent: str = "single"  # single (coarsest scale) | multi (one latent per scale)
-    num_heads: int = 4  # transformer operator
-    mlp_ratio: float = 2.0  # transformer operator: MLP hidden = mlp_ratio * embed_dim
-    groups: int = 8  # GroupNorm groups (conv operator, transitions and heads)
-    cond_dim: Optional[int] = None  # width of the (scale, loop) embeddings; None: embed_dim
-    mod_init: float = 0.02  # std of the modulation layers' weights (0: conditioning starts inert)
+class LoopVAEConfig(LoopVAEFields):
+    """LoopVAE's architecture (the fields of :class:`recurvit.model_fields.LoopVAEFields`), checked,
+    with its derived sizes."""
 
     def __post_init__(self):
         self.loops = [int(v) for v in self.loops]

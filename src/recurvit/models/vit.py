@@ -18,31 +18,18 @@ import torch
 import torch.nn as nn
 
 from ..layers import Block, PatchEmbed
+from ..model_fields import ViTFields
 from .cores import Core, core_class
 from .registry import WIDTHS, register
 from .timm_contract import POOLS, TimmContract
 
 
 @dataclass
-class ViTConfig:
-    img_size: int = 224  # input resolution (square)
-    patch_size: int = 16  # patch side; must divide img_size
-    in_chans: int = 3  # image channels
-    num_classes: int = 1000  # classifier outputs (0: no head, pooled features come out)
-    embed_dim: int = 192  # width D
-    depth: int = 12  # blocks stored (1 for a core with ONE shared block)
-    num_heads: int = 3  # attention heads; D must be divisible by it
-    mlp_ratio: float = 4.0  # MLP hidden = mlp_ratio * D
-    qkv_bias: bool = True  # bias on the fused qkv projection
-    class_token: bool = True  # prepend a learned [CLS] token
-    global_pool: str = "token"  # token: read [CLS]; avg: mean of patch tokens (timm: fc_norm instead of norm); "": none
-    init_values: Optional[float] = None  # LayerScale init (None: no LayerScale)
-    drop_rate: float = 0.0  # dropout on the pooled feature before the head
-    drop_path: float = 0.0  # stochastic depth rate (linear over depth for stacks, constant for recurrence)
-    core: str = "stack"  # how depth runs: a name in models.cores.CORES (stack | recurrent | ode | softmor)
-    steps: Optional[int] = None  # block-application steps at the trained depth (None: the core's default)
-    stage_heads: int = 0  # >1: one head per deep-supervision stage (the last one is `head`)
-    options: Any = None  # the core's own options (a mapping, or its Options dataclass once resolved)
+class ViTConfig(ViTFields):
+    """A ViT with a depth core: the architecture fields of :class:`recurvit.model_fields.ViTFields`
+    and the core's options (a mapping, or its Options dataclass once resolved)."""
+
+    options: Any = None
 
     def __post_init__(self):
         core_class(self.core).resolve(self)  # fills steps and options, or ValueError

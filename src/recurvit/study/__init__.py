@@ -5,7 +5,7 @@ The names below are imported on first use (PEP 562): the tasks' study files (rec
 *_study.py) import this package's plots and statistics, and the report imports the tasks."""
 from importlib import import_module
 
-_LAZY = {"write_report": ".report", "collect": ".runner", "run_dir_root": ".runner", "run_study": ".runner",
+_LAZY = {"write_report": ".report", "collect": ".runner", "run_dir_root": ".spec", "run_study": ".runner",
          "Study": ".spec", "load_study": ".spec"}
 __all__ = ["Study", "load_study", "run_study", "collect", "run_dir_root", "write_report"]
 

@@ -61,6 +61,7 @@ import yaml
 
 from ..errors import UserError
 from . import rules
+from .targets import per_seed_target
 
 SEED_KEY = "train.seed"  # the grid axis a study averages over (recurvit.study.spec uses this one)
 RULE_KINDS = ("superiority", "noninferiority", "equivalence", "trend", "near_chance", "heterogeneity", "target",
@@ -264,7 +265,7 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
     if claim.rule == "target":
         cell = sorted((r for r in rows if _match(r, s["a"])), key=lambda r: str(r.get(SEED_KEY, r.get("seed"))))
         runs = [{c: _num(r.get(c)) for c in s["targets"]} for r in cell]
-        d = rules.per_seed_target(runs, s["targets"])
+        d = per_seed_target(runs, s["targets"])
         per_seed = "; ".join(", ".join("-" if v is None else f"{v:.3g}" for v in run.values()) for run in runs)
         return replace(d, note=f"{d.note}; per seed ({', '.join(s['targets'])}): {per_seed}")
     a = values(rows, s["a"], fig)

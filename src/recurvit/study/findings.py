@@ -23,7 +23,7 @@ from . import rules
 from .claims import NOT_TESTED, Claim, claim_columns, decide_all, load_claims
 from .history import rule_came
 from .spec import load_study
-from .stats import fmt_p, mean_ci
+from .stats import fmt_p
 
 SOURCES = ("Crossroads", "bViT", "SR-ViT", "LoopVAE", "recurvit")  # the table's order: the abstracts' claims first
 STUDYLESS = "claims.yaml"

@@ -21,7 +21,7 @@ claim                                       rule
 "y rises / falls with x" (depth, width..)   :func:`trend` (least-squares slope, every run a point)
 "the accuracy is at chance"                 :func:`near_chance`
 "the groups' means are not all equal"       :func:`heterogeneity` (Welch's one-way ANOVA)
-"each run meets a target" (own targets)     :func:`per_seed_target` (counted per seed, no test)
+"each run meets a target" (own targets)     :func:`recurvit.study.targets.per_seed_target` (per seed)
 =========================================  ====================================================
 
 Two-group rules compare ``a - b``: with ``paired=True`` ``a[i]`` and ``b[i]`` belong to the same seed and
@@ -306,41 +306,6 @@ def heterogeneity(groups: Mapping[str, Sequence[Optional[float]]], margin: float
     return Decision(NOT_REPRODUCED if equal else NOT_SEPARABLE, spread, math.nan, math.nan, p, n, math.nan, note)
 
 
-def target_verdict(met: int, n: int) -> str:
-    """The verdict of :func:`per_seed_target`: every seed, or how many of them."""
-    return "target met in every seed" if met == n else f"target met in {met} of {n} seeds"
-
-
-def per_seed_target(runs: Sequence[Mapping[str, Optional[float]]], bounds: Mapping[str, Mapping[str, float]]) -> Decision:
-    """Claim "a run meets the target" (a project's own engineering target, such as an exit's accuracy drop,
-    steps and speedup): each run is checked against every bound (``{column: {max: v} or {min: v}}``) and
-    the seeds meeting all of them are counted; a run lacking a column fails it (a run lacking every one
-    was not evaluated and is left out). No test is made and no
-    mean is taken: a target is met per seed or it is not. Verdict: "target met in every seed" or
-    "target met in k of n seeds" (:func:`target_verdict`); estimate: the share of seeds; NOT_MEASURED
-    without runs."""
-    if not bounds or any(set(b) - {"max", "min"} or not b for b in bounds.values()):
-        raise ValueError(f"bounds map columns to {{max: v}} or {{min: v}}, got {dict(bounds)!r}")
-
-    def meets(run: Mapping[str, Optional[float]]) -> bool:
-        for col, b in bounds.items():
-            v = run.get(col)
-            if v is None or math.isnan(float(v)):
-                return False
-            if ("max" in b and float(v) > b["max"]) or ("min" in b and float(v) < b["min"]):
-                return False
-        return True
-
-    runs = [r for r in runs if any(r.get(c) is not None for c in bounds)]
-    n = len(runs)
-    if n == 0:
-        return _not_measured((0,), "no evaluated runs")
-    met = sum(meets(r) for r in runs)
-    return Decision(target_verdict(met, n), met / n, math.nan, math.nan, math.nan, (n,), math.nan,
-                    "; ".join(f"{c} {'<=' if 'max' in b else '>='} {b.get('max', b.get('min')):g}"
-                              for c, b in bounds.items()))
-
-
 def fmt_decision(d: Decision, scale: float = 100.0, unit: str = "points", digits: int = 2) -> str:
     """'+1.82 points [+1.06, +2.58], p = 0.0027' (estimate, interval, p; values times ``scale``); the interval's
     level is named when it is not 95% ('... [-0.20, +0.40] (90% interval), p = 0.003'); 'not measured'."""
@@ -361,4 +326,4 @@ def fmt_decision(d: Decision, scale: float = 100.0, unit: str = "points", digits
 
 __all__ = ["Decision", "REPRODUCED", "NOT_REPRODUCED", "NOT_SEPARABLE", "NOT_MEASURED", "seeds_needed",
            "superiority", "noninferiority", "equivalence", "trend", "near_chance", "heterogeneity",
-           "per_seed_target", "target_verdict", "fmt_decision"]
+           "fmt_decision"]

@@ -26,7 +26,7 @@ from ..errors import UserError
 from .archive import archive, archived, read_result
 from .evaluators import missing, recorded
 from .workers import estimate, in_processes
-from .spec import Study, run_dir_root
+from .spec import Study
 
 
 def _write_result(out: Path, res: Dict[str, Any]) -> None:

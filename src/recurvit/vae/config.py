@@ -11,33 +11,17 @@ from typing import List, Optional
 
 from ..config import AMP_MODES, OptimConfig, apply_overrides, as_dict, choice, load_config, save_config, to_yaml
 from ..config import config_from_dict as _config_from_dict
+from ..model_fields import LoopVAEFields, preset_schema
 
 
 RECON = ("l1", "l2")  # reconstruction losses (vae/losses.py)
 
 
-@dataclass
-class VAEModelConfig:
-    """A LoopVAE preset (loopvae_conv | loopvae_transformer | vae_unshared | vae_unshared_transformer);
-    every field left None takes the preset's value (see recurvit.models.loopvae.LoopVAEConfig)."""
-
-    name: str = "loopvae_conv"
-    img_size: Optional[int] = None  # None: follow the data set
-    in_chans: Optional[int] = None  # None: follow the data set
-    operator: Optional[str] = None  # conv | transformer
-    core: Optional[str] = None  # shared (LoopVAE) | unshared (reference with the same execution graph)
-    embed_dim: Optional[int] = None  # width of every scale
-    depth: Optional[int] = None  # blocks in the core (4)
-    loops: Optional[List[int]] = None  # encoder loops per scale, finest first ([2, 2, 3]: 28 applications)
-    decoder_loops: Optional[List[int]] = None  # None: mirror the encoder
-    patch_size: Optional[int] = None  # stem patchify
-    z_channels: Optional[int] = None  # latent channels
-    latent: Optional[str] = None  # single | multi
-    num_heads: Optional[int] = None
-    mlp_ratio: Optional[float] = None
-    groups: Optional[int] = None
-    cond_dim: Optional[int] = None
-    mod_init: Optional[float] = None
+VAEModelConfig = preset_schema(
+    "VAEModelConfig", LoopVAEFields, "loopvae_conv", module=__name__,
+    doc="""A LoopVAE preset (loopvae_conv | loopvae_transformer | vae_unshared | vae_unshared_transformer)
+    and what differs from it: every field of :class:`recurvit.model_fields.LoopVAEFields` (the fields of
+    ``LoopVAEConfig``), left None to take the preset's value (img_size, in_chans: the data set's).""")
 
 
 @dataclass
