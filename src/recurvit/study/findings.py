@@ -155,9 +155,11 @@ Each claim is declared with its rule in the study file that tests it (`claims:`;
 `src/recurvit/study/rules.py`). Verdicts: **reproduced** when the rule holds at 95%, **not reproduced**
 when the data contradict it, **not separable at this scale** when they do neither (the figure then says
 how many seeds would decide it at the observed effect and spread). A "no gain" claim is an equivalence
-claim with a stated margin, so it can fail. *Rule came* is read from git: **before** when the claim's
-rule was committed before the first commit of the results it reads (the first commit whose results.csv
-holds the columns of its figure), **after** otherwise."""
+claim with a stated margin, so it can fail. The project's own targets are counted per seed (**target met
+in k of n seeds**), not tested on means. *Rule came* is read from git: **before** when the claim's rule
+was committed before the first commit of the results it reads (the first commit whose results.csv holds
+the columns of its figure, or of an earlier file the claim names as having shown the same figures),
+**after** otherwise."""
 
 
 def table(lines: Sequence[Line], root: Path) -> List[str]:
@@ -182,7 +184,8 @@ def summary(lines: Sequence[Line]) -> List[str]:
     counts: Dict[str, int] = {}
     for ln in lines:
         key = ln.verdict if not ln.verdict.startswith("needs") else "needs scale or data this machine lacks"
-        key = "target met in some seeds" if key.startswith("target met in ") and "every" not in key else key
+        if key.startswith("target met in ") and "every" not in key:
+            key = "target met in no seed" if key.startswith("target met in 0 of") else "target met in some seeds"
         counts[key] = counts.get(key, 0) + 1
     came = sum(ln.came == "before" for ln in lines)
     measured = sum(ln.came in ("before", "after") for ln in lines)
