@@ -115,7 +115,7 @@ def test_a_target_is_counted_per_seed_not_on_means(tmp_path):
                                           for r in rows({"naive": 0.8, "ds3": 0.8, "vit": 0.8})])
     (line,) = collect(root)
     assert line.verdict == "target met in 2 of 3 seeds"  # the means (0.37, 45%, 1.83x) would meet it
-    assert "0.7, 40, 2" in line.figure and "exit_speedup >= 1.4" in line.figure
+    assert "0.7, 40, 2" in line.figure and "exit_speedup ≥ 1.4" in render(root)
     with pytest.raises(UserError, match="targets"):
         collect(repo(tmp_path, {"exits": c("target", a={"regime": "ds3"}, targets={"exit_speedup": {"above": 1}})}))
 

@@ -267,7 +267,7 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
         runs = [{c: _num(r.get(c)) for c in s["targets"]} for r in cell]
         d = per_seed_target(runs, s["targets"])
         per_seed = "; ".join(", ".join("-" if v is None else f"{v:.3g}" for v in run.values()) for run in runs)
-        return replace(d, note=f"{d.note}; per seed ({', '.join(s['targets'])}): {per_seed}")
+        return replace(d, note=f"per seed ({', '.join(s['targets'])}): {per_seed}")
     a = values(rows, s["a"], fig)
     untrained = _reference_untrained(claim, rows)
     if untrained:

@@ -38,7 +38,7 @@ RULE_TEXT = {
     "accounting": "accounting",
     "identity": "identity, tested",
     "needs": "needs",
-    "target": "a target met per seed; criterion and threshold chosen on the calibration split",
+    "target": "a target met per seed (counted, no mean taken): {bounds}",
 }
 
 
@@ -62,7 +62,10 @@ def rule_text(claim: Claim) -> str:
     s = claim.spec
     axis = s.get("x_name", s.get("axis"))
     over = f" over log2({axis})" if s.get("log2") else f" over {axis}" if axis else ""
-    text = RULE_TEXT[claim.rule].format(margin=_margin(claim), over=over, parts=", ".join(s.get("parts", [])))
+    bounds = ", ".join(f"{c} {'≤' if 'max' in b else '≥'} {b.get('max', b.get('min')):g}"
+                       for c, b in (s.get("targets") or {}).items())
+    text = RULE_TEXT[claim.rule].format(margin=_margin(claim), over=over, parts=", ".join(s.get("parts", [])),
+                                        bounds=bounds)
     if claim.rule == "superiority" and s.get("by"):
         text = text.replace("on the claimed side", f"beyond {float(s['by']) * claim.scale:g} {claim.unit}")
     return text
