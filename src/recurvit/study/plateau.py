@@ -37,7 +37,8 @@ def plateau_text(rows: List[Dict[str, Any]]) -> str:
     if any(r.get("plateau_test") is not None for r in rows):
         return ("Δ last 20% epochs, each seed = the change of each seed's test accuracy over its last 20% of "
                 "epochs, read off a least-squares line through them (a plateau is near 0).")
-    return "Δ last 20% epochs = change of the first seed's test accuracy over its last 20% of epochs (a plateau is near 0)."
+    return ("Δ last 20% epochs = change of the first seed's test accuracy over its last 20% of epochs (a plateau is "
+            "near 0; '-': a run of fewer than 5 epochs, too short to say).")
 
 
 def plateau_per_seed(c: Dict[str, Any]) -> str:
