@@ -138,6 +138,9 @@ def test_a_rule_set_after_an_earlier_copy_of_its_results_came_after(tmp_path):
     git("add", "-A"), git("commit", "-qm", "results")
     came = {ln.claim.id: ln.came for ln in collect(root)}
     assert came == {"fresh": "before", "read_before": "after"}
+    repo(tmp_path, {"typo": {**claim, "seen": ["results/olf/report.md"]}})
+    with pytest.raises(UserError, match="never committed"):
+        collect(root)
 
 
 def test_check_fails_when_the_table_is_out_of_date(tmp_path):

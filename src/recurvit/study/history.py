@@ -102,7 +102,13 @@ def rule_came(root: Path, study_file: Path, cid: str, results_file: Path, column
         return "no results yet"
     rule, res = rule_commit(root, study_file, cid), results_commit(root, results_file, columns)
     if seen and res is not None:
-        res = _earliest(root, [res, *(first_commit(root, f) for f in seen)])
+        firsts = [first_commit(root, f) for f in seen]
+        never = [f for f, c in zip(seen, firsts) if c is None]
+        if never:  # a misspelt path would make the results look newer than they are
+            from ..errors import UserError
+
+            raise UserError(f"claim {cid}: seen file(s) {', '.join(never)} were never committed in this repository")
+        res = _earliest(root, [res, *firsts])
     if rule is None or res is None:
         return "unknown"
     if rule == "worktree":
