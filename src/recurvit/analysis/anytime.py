@@ -101,14 +101,15 @@ def choose(traj: dict, criterion: str, T: int, max_steps: int, min_steps: int = 
 def calibrate(model: nn.Module, loader: Iterable, device: torch.device, criterion: str = "kl",
               max_steps: Optional[int] = None, min_steps: int = 1, target_drop: Optional[float] = 0.5,
               step_budget: Optional[float] = None, amp: str = "off",
-              per_step_readouts: Optional[bool] = None) -> dict:
+              per_step_readouts: Optional[bool] = None, trajectory: Optional[dict] = None) -> dict:
     """Choose the threshold on ``loader`` (held-out training images) only. Returns the choice and,
-    under ``"trajectory"``, what was collected (for sweeps)."""
+    under ``"trajectory"``, what was collected (for sweeps); ``trajectory``: that collection made
+    already (for another criterion: it holds every criterion's signals), so ``loader`` is not read."""
     K, m = plan_steps(model, max_steps, min_steps, per_step_readouts)
     T = model.nominal_steps
     if target_drop is None and step_budget is None:
         target_drop = 0.5
-    traj = trajectories(model, loader, device, max(K, T), amp)
+    traj = trajectory if trajectory is not None else trajectories(model, loader, device, max(K, T), amp)
     return {**choose(traj, criterion, T, K, m, target_drop, step_budget), "trajectory": traj}
 
 

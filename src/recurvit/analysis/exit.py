@@ -12,7 +12,7 @@ The test split is read only after the threshold is chosen.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -25,11 +25,23 @@ def calibrated_exit(model: nn.Module, cfg, device: torch.device, criterion: str 
                     max_steps: Optional[int] = None, min_steps: int = 1, target_drop: Optional[float] = None,
                     step_budget: Optional[float] = None, batch_size: int = 256, time_batches: int = 4,
                     force: bool = False) -> Dict[str, Any]:
-    """Calibrate, sweep and measure (see the module docstring). Returns the calibration figures, the
-    ``threshold``, ``test`` (the calibrated point on the test split, timed), ``sweep`` (test rows of
-    the threshold sweep, each timed on ``time_batches`` batches), ``fixed_accuracy`` (steps 1..K) and
-    the plan (``max_steps``, ``min_steps``, ``calibration_fraction``, ``calibration_images``, ``note``).
-    ValueError for a plan the model cannot run (a stack without per-block readouts)."""
+    """Calibrate, sweep and measure one criterion (see the module docstring). Returns the calibration
+    figures, the ``threshold``, ``test`` (the calibrated point on the test split, timed), ``sweep``
+    (test rows of the threshold sweep, each timed on ``time_batches`` batches), ``fixed_accuracy``
+    (steps 1..K) and the plan (``max_steps``, ``min_steps``, ``calibration_fraction``,
+    ``calibration_images``, ``note``). ValueError for a plan the model cannot run (a stack without
+    per-block readouts)."""
+    return calibrated_exits(model, cfg, device, [criterion], max_steps, min_steps, target_drop, step_budget,
+                            batch_size, time_batches, force)[criterion]
+
+
+def calibrated_exits(model: nn.Module, cfg, device: torch.device, criteria: Sequence[str],
+                     max_steps: Optional[int] = None, min_steps: int = 1, target_drop: Optional[float] = None,
+                     step_budget: Optional[float] = None, batch_size: int = 256, time_batches: int = 4,
+                     force: bool = False) -> Dict[str, Dict[str, Any]]:
+    """:func:`calibrated_exit` for each of ``criteria`` ({criterion: its result}): the calibration and
+    test splits are each run through every step once, for all of them (a trajectory holds every
+    criterion's signals); each criterion then chooses, sweeps and is timed on its own."""
     from torch.utils.data import DataLoader
 
     from ..data import build_datasets
@@ -50,28 +62,35 @@ def calibrated_exit(model: nn.Module, cfg, device: torch.device, criterion: str 
     calib_set = (holdout_split(train_set, test_set, cfg.data.holdout) if held_out
                  else calibration_split(train_set, test_set))
     calib_loader, test_loader = DataLoader(calib_set, **kw), DataLoader(test_set, **kw)
-    # calibration and the test sweep each run every image to max(K, T) steps, then timed passes
+    # calibration and the test split each run every image to max(K, T) steps once, then each criterion's
+    # timed passes (its sweep and its measured point)
     check_eval_cost(model, next(iter(calib_loader))[0].to(device), max(K, T),  # (a calibration batch)
-                    len(calib_loader) + 3 * len(test_loader), force=force)
-    cal = A.calibrate(model, calib_loader, device, criterion, K, m, target_drop, step_budget, amp, readouts)
-    thr = cal["threshold"]
+                    len(calib_loader) + len(test_loader) + 2 * len(criteria) * len(test_loader), force=force)
+    calib_traj = A.trajectories(model, calib_loader, device, max(K, T), amp)
+    cals = {c: A.calibrate(model, calib_loader, device, c, K, m, target_drop, step_budget, amp, readouts,
+                           trajectory=calib_traj) for c in criteria}
     test_traj = A.trajectories(model, test_loader, device, max(K, T), amp)  # the test split, from here on
     batches = []
     for x, _ in test_loader:
         batches.append(x.to(device))
         if len(batches) == time_batches:
             break
-    levels = sorted(set(A.thresholds(cal["trajectory"], criterion, K, m)) | ({thr} if thr is not None else set()))
-    sweep = []
-    for t in levels:
-        row = A.point(test_traj, criterion, t, K, m)
-        ips = interleaved_batches(A.runners(model, criterion, t, K, m, device, amp, readouts), batches, device)
-        sweep.append({**row, "images_per_s": ips["adaptive"], "fixed_images_per_s": ips["fixed"],
-                      "speedup": ips["adaptive"] / ips["fixed"]})
-    test = A.measure(model, test_loader, device, criterion, thr, K, m, amp, readouts)
-    test["steps_pct_T"] = 100 * test["mean_steps"] / T
-    return {"criterion": criterion, "trained_steps": T, "max_steps": K, "min_steps": m, "batch_size": batch_size,
+    out = {}
+    for criterion, cal in cals.items():
+        thr = cal["threshold"]
+        levels = sorted(set(A.thresholds(calib_traj, criterion, K, m)) | ({thr} if thr is not None else set()))
+        sweep = []
+        for t in levels:
+            row = A.point(test_traj, criterion, t, K, m)
+            ips = interleaved_batches(A.runners(model, criterion, t, K, m, device, amp, readouts), batches, device)
+            sweep.append({**row, "images_per_s": ips["adaptive"], "fixed_images_per_s": ips["fixed"],
+                          "speedup": ips["adaptive"] / ips["fixed"]})
+        test = A.measure(model, test_loader, device, criterion, thr, K, m, amp, readouts)
+        test["steps_pct_T"] = 100 * test["mean_steps"] / T
+        out[criterion] = {
+            "criterion": criterion, "trained_steps": T, "max_steps": K, "min_steps": m, "batch_size": batch_size,
             "calibration_fraction": cfg.data.holdout if held_out else CALIBRATION_FRACTION,
             "calibration_images": "held out from training" if held_out else "seen in training",
             **{k: v for k, v in cal.items() if k != "trajectory"}, "test": test, "sweep": sweep,
             "fixed_accuracy": A.fixed_accuracy(test_traj)[:K], "note": note}
+    return out

@@ -117,7 +117,7 @@ def per_step_figures(res: Dict[str, Any]) -> Dict[str, Any]:
 
 
 class Exit(Evaluator):
-    """Anytime exit (:func:`recurvit.analysis.exit.calibrated_exit`): each of ``criteria`` gets its
+    """Anytime exit (:func:`recurvit.analysis.exit.calibrated_exits`): each of ``criteria`` gets its
     threshold calibrated on the run's held-out split (else the calibration split of its training set);
     the run then exits with the criterion that needs the fewest mean steps there (calibration alone
     chooses), whose calibrated point is read once on the test split. Columns: that point's test
@@ -143,13 +143,13 @@ class Exit(Evaluator):
         return opts
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ..analysis.exit import calibrated_exit
+        from ..analysis.exit import calibrated_exits
 
         o = dict(options)
         if o["step_budget"] is not None:
             o["target_drop"] = None
-        per = {c: calibrated_exit(run.model, run.cfg, run.device, c, o["max_steps"], o["min_steps"], o["target_drop"],
-                                  o["step_budget"], o["batch_size"]) for c in o["criteria"]}
+        per = calibrated_exits(run.model, run.cfg, run.device, o["criteria"], o["max_steps"], o["min_steps"],
+                               o["target_drop"], o["step_budget"], o["batch_size"])
         chosen = min(per, key=lambda c: per[c]["calibration"]["mean_steps"])  # ties: the first listed
         t = per[chosen]["test"]
         return {"exit": {"chosen": chosen, "per_criterion": per}, "exit_accuracy": t["accuracy"],
