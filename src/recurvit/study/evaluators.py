@@ -111,15 +111,15 @@ def evaluator(table: Mapping[str, Evaluator], key: str) -> Evaluator:
     return table[key.partition(TAG)[0]]
 
 
+def tagged(key: str, name: str) -> str:
+    """A figure's name as the ``eval:`` key ``key`` writes it (``exit_accuracy@beyond`` for ``exit@beyond``)."""
+    tag = key.partition(TAG)[2]
+    return f"{name}{TAG}{tag}" if tag else name
+
+
 def columns(key: str, ev: Evaluator) -> List[str]:
     """The scalar columns an ``eval:`` key writes: the evaluator's, tagged for a tagged instance."""
-    tag = key.partition(TAG)[2]
-    return [f"{c}{TAG}{tag}" if tag else c for c in ev.columns]
-
-
-def _tagged(key: str, figures: Dict[str, Any]) -> Dict[str, Any]:
-    tag = key.partition(TAG)[2]
-    return {f"{k}{TAG}{tag}": v for k, v in figures.items()} if tag else figures
+    return [tagged(key, c) for c in ev.columns]
 
 
 def _check_only(only: Any, axes: Mapping[str, List[str]], where: str) -> Dict[str, List[str]]:
@@ -169,5 +169,6 @@ def evaluate_run(run: Evaluated, asked: Mapping[str, Dict[str, Any]], table: Map
     """The columns of every asked evaluator, in the order asked."""
     row: Dict[str, Any] = {}
     for name, opts in asked.items():
-        row.update(_tagged(name, evaluator(table, name)(run, {k: v for k, v in opts.items() if k != ONLY})))
+        figures = evaluator(table, name)(run, {k: v for k, v in opts.items() if k != ONLY})
+        row.update({tagged(name, k): v for k, v in figures.items()})
     return row
