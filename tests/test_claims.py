@@ -73,6 +73,23 @@ def test_each_rule_kind_decides_from_the_rows(tmp_path):
     assert d["both"].verdict == "partly"  # not all parts hold, but the qualifying one does
 
 
+def test_a_qualified_verdict_needs_the_other_parts_decided(tmp_path):
+    """'Euler-specific' (qualified) says the other parts failed: not while one is unmeasured or open."""
+    claims = {
+        "sup": claim(a={"regime": "vit"}, b={"regime": "naive"}),
+        "open": claim(a={"regime": "ds3"}, b={"regime": "naive"}),  # +0.1 points in a 0.4-point spread
+        "unmeasured": claim(a={"regime": "ds3"}, b={"regime": "naive"}, figure="acc_64T"),
+        "q_open": claim("all_of", parts=["sup", "open"], qualified={"when": ["sup"], "verdict": "partly"}),
+        "q_unmeasured": claim("all_of", parts=["sup", "unmeasured"], qualified={"when": ["sup"], "verdict": "partly"}),
+    }
+    study = load_study(study_file(tmp_path, claims))
+    d = decide_all(study.claims, rows_of({"naive": 0.80, "ds3": 0.801, "vit": 0.85}, spread=(0.0, 0.004, -0.004)))
+    assert d["sup"].verdict == rules.REPRODUCED and d["open"].verdict == rules.NOT_SEPARABLE
+    assert d["unmeasured"].verdict == rules.NOT_MEASURED
+    assert d["q_open"].verdict == rules.NOT_SEPARABLE
+    assert d["q_unmeasured"].verdict == rules.NOT_MEASURED
+
+
 def test_per_run_figures_list_labels_and_paired_trends(tmp_path):
     grid = {"solver": {"euler": {}, "rk4": {}, "heun3": {}}, "train.seed": [0, 1, 2]}
     claims = {

@@ -344,9 +344,11 @@ def test_seeds_needed_edges():
 
 def test_rules_fill_seeds_needed():
     assert superiority(A, B).seeds_needed == seeds_needed(A, B)
-    assert noninferiority(A, B, 0.01).seeds_needed == seeds_needed(A, B)
-    assert equivalence(PA, PB, 0.01, paired=True).seeds_needed == seeds_needed(PA, PB, paired=True)
-    assert math.isnan(near_chance(A, 0.1, 0.01).seeds_needed)
+    # a margin rule's seeds clear its margin (a level: its bound), not 0
+    assert noninferiority(A, B, 0.01).seeds_needed == seeds_needed(A, B, boundary=-0.01)
+    assert (equivalence(PA, PB, 0.01, paired=True).seeds_needed
+            == seeds_needed(PA, PB, paired=True, boundary=0.01, confidence=0.90))  # inside: the 90% interval
+    assert near_chance(A, 0.1, 0.01).seeds_needed == seeds_needed(A, boundary=0.11)
     # equal group sizes: the half-width at the observed n is the observed one
     a, b = _normal(45, 0.8, 0.01, 4), _normal(46, 0.79, 0.01, 4)
     for x, y in [(A[:5], B[:5]), (a, b), (SAME, SAME[::-1])]:
@@ -388,3 +390,32 @@ def test_public_api():
         assert hasattr(rules, name)
     assert (REPRODUCED, NOT_REPRODUCED, NOT_SEPARABLE, NOT_MEASURED) == (
         "reproduced", "not reproduced", "not separable at this scale", "not measured")
+
+
+def _brute_one_at(v, boundary, confidence=0.95):
+    s, m = np.std(v, ddof=1), abs(np.mean(v) - boundary)
+    for n in range(2, 1001):
+        if stats.t.ppf(0.5 + confidence / 2, n - 1) * s / math.sqrt(n) < m:
+            return n
+    return math.inf
+
+
+@pytest.mark.parametrize("effect", [-0.03, -0.012, -0.004, 0.0, 0.006, 0.02])
+def test_margin_rules_need_the_seeds_that_clear_their_margin(effect):
+    """A margin rule decides when its interval clears the margin, not 0: its seeds_needed is the brute-force
+    count at that boundary (equivalence: the 90% interval inside, the 95% one outside), and a paired rule
+    is decided at its own n exactly when seeds_needed <= n."""
+    b = _normal(50, 0.8, 0.01, 4)
+    a = [v + effect + e for v, e in zip(b, _normal(51, 0.0, 0.004, 4))]
+    diff, m = np.subtract(a, b), 0.01
+    eq = equivalence(a, b, m, paired=True)
+    inside = abs(np.mean(diff)) < m
+    assert eq.seeds_needed == _brute_one_at(diff, math.copysign(m, np.mean(diff)), 0.90 if inside else 0.95)
+    ni = noninferiority(a, b, m, paired=True)
+    assert ni.seeds_needed == _brute_one_at(diff, -m)
+    sup = superiority(a, b, paired=True, by=0.005, side=-1)
+    assert sup.seeds_needed == _brute_one_at(diff, -0.005)
+    for d in (eq, ni, sup):
+        assert (d.verdict != NOT_SEPARABLE) == (d.seeds_needed <= len(diff)), d
+    ch = near_chance([0.1 + effect + e for e in _normal(52, 0.0, 0.01, 4)], 0.1, 0.01)
+    assert ch.seeds_needed == _brute_one_at([0.1 + effect + e for e in _normal(52, 0.0, 0.01, 4)], 0.11)

@@ -29,8 +29,9 @@ Rule kinds and their keys (margins are in the figure's own units: accuracy as a 
 - ``target`` (``a``, ``targets``: column -> ``{max: v}`` or ``{min: v}``): a project's own target, met
   per seed or not (every seed of ``a`` is checked against every bound and counted; no mean is taken).
 - ``all_of`` (``parts``: claim ids of the same study, optional ``qualified: {when: [ids], verdict: ...}``):
-  reproduced when every part is, not reproduced when any part is not; ``qualified`` names the verdict
-  when the claim as a whole is not reproduced but the parts in ``when`` are.
+  not measured when any part is, reproduced when every part is, not reproduced when any part is not;
+  ``qualified`` names the verdict when the claim as a whole is not reproduced but the parts in ``when``
+  are (never while another part is not measured or not separable: it could still hold).
 
 A ``figure`` is a column, ``"col_a - col_b"`` (per run), or a mapping
 ``{mean_of: [cols], minus: col, skip_own: axis}``: the per-run mean of the columns less ``minus``,
@@ -317,7 +318,7 @@ def _all_of(claim: Claim, decided: Dict[str, rules.Decision]) -> rules.Decision:
     else:
         verdict = rules.NOT_SEPARABLE
     q = claim.spec.get("qualified")
-    if q and verdict != rules.REPRODUCED and all(decided[p].verdict == rules.REPRODUCED for p in q["when"]):
+    if q and verdict == rules.NOT_REPRODUCED and all(decided[p].verdict == rules.REPRODUCED for p in q["when"]):
         verdict = q["verdict"]
     return rules.Decision(verdict, math.nan, math.nan, math.nan, math.nan, (), math.nan,
                           note="parts: " + ", ".join(f"{p} {d.verdict}" for p, d in zip(claim.spec["parts"], parts)))

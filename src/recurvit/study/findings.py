@@ -87,7 +87,11 @@ def decision_text(claim: Claim, d: rules.Decision) -> str:
     n = min(d.n) if d.n else 0
     if not math.isnan(d.seeds_needed) and d.verdict == rules.NOT_SEPARABLE:
         need = "more than 1000" if math.isinf(d.seeds_needed) else f"{d.seeds_needed:.0f}"
-        text += f" (n = {n}; a 95% interval excludes 0 at this effect and spread with {need} seeds)"
+        if claim.rule == "trend":  # n counts runs; seeds_needed counts repetitions of the x values
+            per = claim.spec.get("x_name", claim.spec["axis"])
+            text += f" (n = {n} runs; at this effect and spread the rule decides with {need} seeds per {per})"
+        else:
+            text += f" (n = {n}; at this effect and spread the rule decides with {need} seeds)"
     return text
 
 

@@ -6,7 +6,8 @@ tests the claim with a t-based interval and returns a :class:`Decision` with one
 * ``REPRODUCED``: the data support the claim at the 95% level;
 * ``NOT_REPRODUCED``: the data contradict it at the same level;
 * ``NOT_SEPARABLE``: neither, at this number of seeds (``Decision.seeds_needed`` says how many seeds per
-  group would resolve the observed difference);
+  group would let the rule decide at the observed effect and spread: its interval clear of the rule's
+  boundary, which is 0 for a sign, the margin for non-inferiority and equivalence, the bound for a level);
 * ``NOT_MEASURED``: too little data (fewer than 2 values per group) or a model that cannot be fitted.
   No rule raises on too little data.
 
@@ -59,7 +60,8 @@ class Decision:
     hi: float
     p: float  # the rule's p-value (documented per rule), nan when not applicable
     n: tuple  # sample sizes used
-    seeds_needed: float  # see seeds_needed(); nan where not defined; inf when the effect is 0
+    seeds_needed: float  # seeds per group to decide (power.seeds_needed at the rule's boundary); nan where
+    # not defined; inf when the effect sits on the boundary
     note: str = ""  # e.g. "TOST at ±0.005, 90% interval"
 
     def __post_init__(self) -> None:
@@ -166,7 +168,8 @@ def superiority(a: Sequence[Optional[float]], b: Sequence[Optional[float]], side
     shift = side * by
     if by:
         p = min(1.0, 2 * min(_p_one_sided(d, shift, "greater"), _p_one_sided(d, shift, "less")))
-    return Decision(_sign_verdict(lo - shift, hi - shift, side), est, lo, hi, p, n, seeds_needed(a, b, paired),
+    return Decision(_sign_verdict(lo - shift, hi - shift, side), est, lo, hi, p, n,
+                    seeds_needed(a, b, paired, boundary=shift),
                     f"{'paired' if paired else 'Welch'} t, claimed sign {side:+d}" + (f", beyond {shift:+g}" if by else ""))
 
 
@@ -182,7 +185,8 @@ def noninferiority(a: Sequence[Optional[float]], b: Sequence[Optional[float]], m
         return _not_measured(n, "fewer than 2 values per group")
     lo, hi = _interval(d, CONFIDENCE)
     verdict = REPRODUCED if lo > -margin else NOT_REPRODUCED if hi < -margin else NOT_SEPARABLE
-    return Decision(verdict, d.est, lo, hi, _p_one_sided(d, -margin, "greater"), n, seeds_needed(a, b, paired),
+    return Decision(verdict, d.est, lo, hi, _p_one_sided(d, -margin, "greater"), n,
+                    seeds_needed(a, b, paired, boundary=-margin),
                     f"non-inferiority at -{margin:g}, {'paired' if paired else 'Welch'} t")
 
 
@@ -206,7 +210,10 @@ def equivalence(a: Sequence[Optional[float]], b: Sequence[Optional[float]], marg
         verdict = NOT_REPRODUCED
     else:
         verdict = NOT_SEPARABLE
-    return Decision(verdict, d.est, lo90, hi90, p, n, seeds_needed(a, b, paired),
+    # decided inside the margin by the 90% interval, outside it by the 95% one: the nearer end decides
+    need = seeds_needed(a, b, paired, boundary=math.copysign(margin, d.est),
+                        confidence=1 - 2 * ALPHA if abs(d.est) < margin else CONFIDENCE)
+    return Decision(verdict, d.est, lo90, hi90, p, n, need,
                     f"TOST at ±{margin:g}, 90% interval, {'paired' if paired else 'Welch'} t")
 
 
@@ -262,7 +269,7 @@ def near_chance(values: Sequence[Optional[float]], chance: float, margin: float)
     lo, hi = ms["mean"] - ms["ci"], ms["mean"] + ms["ci"]
     bound = chance + margin
     verdict = REPRODUCED if hi <= bound else NOT_REPRODUCED if lo > bound else NOT_SEPARABLE
-    return Decision(verdict, ms["mean"], lo, hi, _p_one_sided(d, bound, "less"), n, math.nan,
+    return Decision(verdict, ms["mean"], lo, hi, _p_one_sided(d, bound, "less"), n, seeds_needed(v, boundary=bound),
                     f"at most chance {chance:g} + {margin:g}")
 
 
