@@ -164,9 +164,9 @@ when the data contradict it, **not separable at this scale** when they do neithe
 how many seeds would decide it at the observed effect and spread). A "no gain" claim is an equivalence
 claim with a stated margin, so it can fail. The project's own targets are counted per seed (**target met
 in k of n seeds**), not tested on means. *Rule came* is read from git: **before** when the claim's rule
-was committed before the first commit of the results it reads (the first commit whose results.csv holds
-the columns of its figure, or of an earlier file the claim names as having shown the same figures),
-**after** otherwise."""
+(the claim with every key but its `data` and `label` descriptions) was committed before the first commit
+of the results it reads (the first commit whose results.csv holds the columns of its figure, or of an
+earlier file the claim names as having shown the same figures), **after** otherwise."""
 
 
 def table(lines: Sequence[Line], root: Path) -> List[str]:

@@ -31,8 +31,17 @@ def _claims_at(root: Path, commit: str, rel: str) -> Dict[str, Any]:
     return (doc.get("claims") if isinstance(doc, dict) else None) or {}
 
 
+PRESENTATION = ("data", "label")  # how a row describes its data and figure: not part of the rule
+
+
+def _rule(claim: Any) -> Any:
+    """A claim as its rule: every key but the presentation ones (rewording a row's description of its
+    data or figure does not make its rule later; its words, cells, figure, kind and margin do)."""
+    return {k: v for k, v in claim.items() if k not in PRESENTATION} if isinstance(claim, dict) else claim
+
+
 def _claim_at(root: Path, commit: str, rel: str, cid: str) -> Any:
-    return _claims_at(root, commit, rel).get(cid)
+    return _rule(_claims_at(root, commit, rel).get(cid))
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,7 +58,7 @@ def rule_commit(root: Path, study_file: Path, cid: str) -> Optional[str]:
     if log is None:
         return None
     with open(study_file) as f:
-        now = ((yaml.safe_load(f) or {}).get("claims") or {}).get(cid)
+        now = _rule(((yaml.safe_load(f) or {}).get("claims") or {}).get(cid))
     commits = log.split()
     if not commits or _claim_at(root, commits[0], rel, cid) != now:
         return "worktree"

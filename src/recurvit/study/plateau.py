@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+PLATEAU_TOL = 0.003  # a budget's criterion: every seed changes by under about 0.3 points over its last 20%
+
 
 def plateau_column(curve) -> str:
     """Change of the first seed's test figure over the last 20% of its epochs (points)."""
@@ -46,3 +48,19 @@ def plateau_per_seed(c: Dict[str, Any]) -> str:
     key = "plateau_val" if any(r.get("plateau_val") is not None for r in c["rows"]) else "plateau_test"
     got = [r.get(key) for r in sorted(c["rows"], key=lambda r: (r.get("seed") is None, r.get("seed")))]
     return " / ".join("-" if v is None else f"{100 * v:+.1f}" for v in got)
+
+
+def plateau_summary(rows: List[Dict[str, Any]]) -> str:
+    """How many runs still moved by PLATEAU_TOL or more over their last 20% of epochs ('' when no run has a
+    per-seed figure), so that a report says in words whether its budget held for every seed."""
+    key = "plateau_val" if any(r.get("plateau_val") is not None for r in rows) else "plateau_test"
+    got = [r[key] for r in rows if r.get(key) is not None]
+    if not got:
+        return ""
+    moving = [v for v in got if abs(v) >= PLATEAU_TOL]
+    split = "validation" if key == "plateau_val" else "test"
+    text = (f"Plateau: {len(moving)} of {len(got)} runs changed by {100 * PLATEAU_TOL:.1f} points or more over "
+            f"their last 20% of epochs ({split} accuracy; changes from {100 * min(got):+.1f} to "
+            f"{100 * max(got):+.1f} points)")
+    return text + (": every run is at a plateau by that criterion." if not moving else
+                   ": by that criterion those runs were still moving when training stopped.")

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..study import plots
 from ..study.grouping import axis_of, pairs, table
-from ..study.plateau import plateau_column, plateau_per_seed, plateau_text
+from ..study.plateau import plateau_column, plateau_per_seed, plateau_summary, plateau_text
 from ..study.stats import fmt_ci, mean_ci, welch
 from ..study.workers import run_config, train_in_processes
 from ..runtime import quiet
@@ -136,6 +136,8 @@ def tables(cs: List[Dict[str, Any]], study) -> List[str]:
         [plateau_per_seed(c) if per_seed else plateau_column(c["curve"]), f"{c['train_seconds']['mean']:.0f}"]
         for c in cs]
     lines = table(head, body) + [""]
+    summary = plateau_summary([r for c in cs for r in c["rows"]]) if per_seed else ""
+    lines += [summary, ""] if summary else []
     names = sorted({k for c in cs for k in c["variants"]})
     if names:
         lines += ["Evaluated at T with other core options (same weights; `recurvit eval RUN option=value`), "
