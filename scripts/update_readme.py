@@ -68,10 +68,17 @@ def _options(opts: str) -> dict:
 LINK = re.compile(r"\]\((?!https?:|#|/)([^)\s]+)\)")
 
 
-def relink(text: str, prefix: str) -> str:
-    """Relative markdown link targets (written for the repository root) made relative to a page in a
-    sub-folder: ``](results/x.md)`` -> ``](../results/x.md)`` for a page in docs/."""
-    return LINK.sub(lambda m: f"]({prefix}/{m[1]})", text) if prefix not in ("", ".") else text
+def relink(text: str, prefix: str, root: Path | None = None, source: Path | None = None) -> str:
+    """Relative markdown link targets made relative to a page in a sub-folder: written for the repository
+    root, ``](results/x.md)`` -> ``](../results/x.md)`` for a page in docs/; a target that exists only
+    beside the included file (``](counts.json)`` in results/accounting/report.md) is first made a path
+    from the root."""
+    def target(link: str) -> str:
+        if root is not None and source is not None and not (root / link).exists() and (source.parent / link).exists():
+            link = os.path.relpath(source.parent / link, root)
+        return link if prefix in ("", ".") else f"{prefix}/{link}"
+
+    return LINK.sub(lambda m: f"]({target(m[1])})", text)
 
 
 def update(text: str, root: Path, prefix: str = ".") -> tuple[str, int, list[str]]:
@@ -93,7 +100,7 @@ def update(text: str, root: Path, prefix: str = ".") -> tuple[str, int, list[str
                     raise IncludeError(f"include path {match['path']} does not exist under {root}")
                 opts = _options(match["opts"])
                 body = generate(path, opts.get("lines"), opts.get("fence"))
-                block = (number, match["path"], body if opts.get("fence") else relink(body, prefix), [])
+                block = (number, match["path"], body if opts.get("fence") else relink(body, prefix, root, path), [])
                 out.append(line)
             elif stripped.startswith("<!-- /include"):
                 if stripped != CLOSE:

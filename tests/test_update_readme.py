@@ -109,3 +109,19 @@ def test_bad_markers_are_refused_with_one_line(tmp_path, readme, line, check):
 def test_repo_readme_is_current():
     done = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr + done.stdout
+
+
+def test_links_are_rewritten_for_a_page_in_a_sub_folder():
+    """A link written for the repository root gets the page's way there; a link that only exists beside the
+    included file (a report linking its own data) is first made a path from the root."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from update_readme import relink
+    finally:
+        sys.path.pop(0)
+    text = "see [report](results/x/report.md) and [its data](counts.json) and [web](https://a.b/c)"
+    root, source = REPO, REPO / "results" / "accounting" / "report.md"
+    assert relink(text, "..", root, source) == (
+        "see [report](../results/x/report.md) and [its data](../results/accounting/counts.json) "
+        "and [web](https://a.b/c)")
+    assert relink(text, ".", root, source) == text.replace("](counts.json)", "](results/accounting/counts.json)")
