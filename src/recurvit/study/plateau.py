@@ -31,6 +31,11 @@ def plateau_change(curve) -> Optional[float]:
     return slope * k
 
 
+def _key(rows: List[Dict[str, Any]]) -> str:
+    """The per-seed plateau column the rows hold: validation accuracy where the runs hold a split out."""
+    return "plateau_val" if any(r.get("plateau_val") is not None for r in rows) else "plateau_test"
+
+
 def plateau_text(rows: List[Dict[str, Any]]) -> str:
     if any(r.get("plateau_val") is not None for r in rows):
         return ("Δ last 20% epochs, each seed = the change of each seed's validation accuracy (the held-out "
@@ -45,7 +50,7 @@ def plateau_text(rows: List[Dict[str, Any]]) -> str:
 
 def plateau_per_seed(c: Dict[str, Any]) -> str:
     """Every seed's plateau change (validation accuracy where the runs hold a split out, else test), points."""
-    key = "plateau_val" if any(r.get("plateau_val") is not None for r in c["rows"]) else "plateau_test"
+    key = _key(c["rows"])
     got = [r.get(key) for r in sorted(c["rows"], key=lambda r: (r.get("seed") is None, r.get("seed")))]
     return " / ".join("-" if v is None else f"{100 * v:+.1f}" for v in got)
 
@@ -53,7 +58,7 @@ def plateau_per_seed(c: Dict[str, Any]) -> str:
 def plateau_summary(rows: List[Dict[str, Any]]) -> str:
     """How many runs still moved by PLATEAU_TOL or more over their last 20% of epochs ('' when no run has a
     per-seed figure), so that a report says in words whether its budget held for every seed."""
-    key = "plateau_val" if any(r.get("plateau_val") is not None for r in rows) else "plateau_test"
+    key = _key(rows)
     got = [r[key] for r in rows if r.get(key) is not None]
     if not got:
         return ""
