@@ -103,6 +103,33 @@ def test_the_history_column_reads_git(tmp_path):
     assert "Of the 1 rows decided from study results, 1 had their rule committed before those results." in text
 
 
+def test_results_date_a_rule_only_once_they_decide_it_and_added_seeds_are_named(tmp_path):
+    """The results of a claim are the runs of its cells that decide it (not a file that already has the
+    columns from other cells); seeds added to its cells after a committed verdict make its level nominal."""
+    def git(*args):
+        subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+    ahead = c(a={"regime": "vit"}, b={"regime": "naive"})
+    root = repo(tmp_path, {"vit_ahead": ahead})
+    git("init", "-q"), git("config", "user.email", "t@t"), git("config", "user.name", "t")
+    git("add", "-A"), git("commit", "-qm", "rule")
+    first = rows({"naive": 0.80, "ds3": 0.80, "vit": 0.85})
+    write_csv(root / "results" / "tiny", [r for r in first if r["regime"] == "ds3"])  # other cells only
+    git("add", "-A"), git("commit", "-qm", "ds3 results")
+    repo(tmp_path, {"vit_ahead": ahead, "ds_no_gain": c("equivalence", margin=0.01, a={"regime": "ds3"},
+                                                        b={"regime": "naive"})})
+    git("add", "-A"), git("commit", "-qm", "a rule on cells that have no results yet")
+    write_csv(root / "results" / "tiny", first)
+    git("add", "-A"), git("commit", "-qm", "all results")
+    assert {ln.claim.id: ln.came for ln in collect(root)} == {"vit_ahead": "before", "ds_no_gain": "before"}
+    more = [{**r, "run_id": r["run_id"][:-1] + "3", "train.seed": 3} for r in first if r["train.seed"] == 0
+            and r["regime"] == "naive"]
+    write_csv(root / "results" / "tiny", first + more)  # a fourth naive seed, after reading three
+    came = {ln.claim.id: ln.came for ln in collect(root)}
+    assert came["vit_ahead"] == "before; seeds per cell raised from 3 to 4 after a verdict was committed: nominal level"
+    assert "Of the 2 rows decided from study results, 2 had" in render(root)
+
+
 TARGETS = {"exit_drop_points": {"max": 0.5}, "exit_steps_pct_T": {"max": 60}, "exit_speedup": {"min": 1.4}}
 
 

@@ -169,6 +169,23 @@ def _check_labels(claim: Claim, where: str) -> None:
 
 
 # ---------------------------------------------------------------------------------- figures
+def claim_cells(claim: Claim) -> List[Dict[str, Any]]:
+    """The cells whose runs a claim reads (none for a claim made of others)."""
+    s = claim.spec
+    cells = [s[k] for k in ("a", "b") if isinstance(s.get(k), dict)] + list((s.get("groups") or {}).values())
+    if claim.rule == "trend":
+        cells = [{s["axis"]: label, **side} for label in s["x"] for side in ([s.get("a", {})] + (
+            [s["b"]] if "b" in s else []))]
+    return cells
+
+
+def seeds_per_cell(claim: Claim, rows: Iterable[Row]) -> int:
+    """The most seeds any one of the claim's cells has among ``rows`` (0 for a claim made of others)."""
+    rows = list(rows)
+    return max((len({str(r.get(SEED_KEY, r.get("seed"))) for r in rows if _match(r, cell)})
+                for cell in claim_cells(claim)), default=0)
+
+
 def _match(row: Row, cell: Mapping[str, Any]) -> bool:
     """A run belongs to a cell when its label on each named axis is the cell's (or one of a list)."""
     return all(str(row.get(axis)) in (list(map(str, label)) if isinstance(label, list) else [str(label)])

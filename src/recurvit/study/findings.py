@@ -16,12 +16,12 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from ..errors import UserError
 from . import rules
-from .claims import NOT_TESTED, Claim, claim_columns, decide_all, load_claims
-from .history import rule_came
+from .claims import NOT_TESTED, Claim, claim_columns, decide_all, load_claims, seeds_per_cell
+from .history import file_commits, rule_came, show
 from .spec import load_study
 from .stats import fmt_p
 
@@ -121,6 +121,46 @@ def _studyless(claim: Claim, root: Path) -> Tuple[str, str]:
     return f"`{s['command']}`", f"needs {s['needs']}"
 
 
+def _decided_at(root: Path, study: Any, results: Path) -> Callable[[str], Tuple[list, Dict[str, rules.Decision]]]:
+    """(rows, the study's claims decided on them) of its results.csv as each commit held it (computed
+    once a commit)."""
+    from .report import rows_from_text
+
+    rel = str(results.resolve().relative_to(root.resolve()))
+    cache: Dict[str, Tuple[list, Dict[str, rules.Decision]]] = {}
+
+    def at(commit: str) -> Tuple[list, Dict[str, rules.Decision]]:
+        if commit not in cache:
+            text = show(root, commit, rel)
+            rows = rows_from_text(text, study) if text else []
+            cache[commit] = rows, decide_all(study.claims, rows) if rows else {}
+        return cache[commit]
+
+    return at
+
+
+def _decides(earlier: Callable, commit: str, cid: str) -> bool:
+    got = earlier(commit)[1].get(cid)
+    return got is not None and got.verdict != rules.NOT_MEASURED
+
+
+def _grown(came: str, claim: Claim, rows: list, earlier: Callable, root: Path, results: Path) -> str:
+    """A rule that came before its results, whose cells got more seeds after a verdict on fewer was
+    committed (seeds added after reading, e.g. where the report asked for them; not a cell filled up to the
+    seeds the others already had): its p-value and interval hold at their nominal level only, and the row
+    says so."""
+    if came != "before":
+        return came
+    rel = str(results.resolve().relative_to(root.resolve()))
+    first = next((c for c in file_commits(root, rel) if _decides(earlier, c, claim.id)), None)
+    if first is None:
+        return came
+    then, now = seeds_per_cell(claim, earlier(first)[0]), seeds_per_cell(claim, rows)
+    if now <= then:
+        return came
+    return f"before; seeds per cell raised from {then} to {now} after a verdict was committed: nominal level"
+
+
 def collect(root: Path) -> List[Line]:
     """Every claim with its verdict: the studies' claims, then the study-less ones, in the sources' order."""
     lines: List[Line] = []
@@ -137,6 +177,7 @@ def collect(root: Path) -> List[Line]:
 
             rows = rows_from_csv(results, study)
         decided = decide_all(study.claims, rows)
+        earlier = _decided_at(root, study, results)
         for c in study.claims:
             d = decided[c.id]
             if not rows:
@@ -145,7 +186,9 @@ def collect(root: Path) -> List[Line]:
                 figure, verdict = decision_text(c, d), d.verdict
                 if len(rows) < len(study.runs):  # decided on the runs in so far: say so
                     figure += f" (partial study: {len(rows)} of {len(study.runs)} runs in)"
-            lines.append(Line(c, study.results.name, figure, verdict, rule_came(root, path, c.id, results, claim_columns(c), c.spec.get("seen", ()))))
+            came = rule_came(root, path, c.id, results, claim_columns(c), c.spec.get("seen", ()),
+                             lambda commit, cid=c.id: _decides(earlier, commit, cid))
+            lines.append(Line(c, study.results.name, figure, verdict, _grown(came, c, rows, earlier, root, results)))
     studyless = root / "studies" / STUDYLESS
     if studyless.is_file():
         for c in load_claims(studyless):
@@ -165,8 +208,10 @@ how many seeds would decide it at the observed effect and spread). A "no gain" c
 claim with a stated margin, so it can fail. The project's own targets are counted per seed (**target met
 in k of n seeds**), not tested on means. *Rule came* is read from git: **before** when the claim's rule
 (the claim with every key but its `data` and `label` descriptions) was committed before the first commit
-of the results it reads (the first commit whose results.csv holds the columns of its figure, or of an
-earlier file the claim names as having shown the same figures), **after** otherwise."""
+of the results it reads (the first commit whose results.csv holds runs of its cells that decide it, or
+of an earlier file the claim names as having shown the same figures), **after** otherwise. Where seeds
+were added to a claim's cells after a verdict on fewer had been committed (for example where a report
+asked for them), the row says so: its p-value and interval then hold at their nominal level only."""
 
 
 def table(lines: Sequence[Line], root: Path) -> List[str]:
@@ -194,11 +239,14 @@ def summary(lines: Sequence[Line]) -> List[str]:
         if key.startswith("target met in ") and "every" not in key:
             key = "target met in no seed" if key.startswith("target met in 0 of") else "target met in some seeds"
         counts[key] = counts.get(key, 0) + 1
-    came = sum(ln.came == "before" for ln in lines)
-    measured = sum(ln.came in ("before", "after") for ln in lines)
+    decided = [ln for ln in lines if ln.came.startswith(("before", "after"))
+               and ln.verdict not in (rules.NOT_MEASURED, NOT_TESTED)]
+    came = [ln for ln in decided if ln.came.startswith("before")]
+    nominal = sum(ln.came != "before" for ln in came)
     parts = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return [f"{len(lines)} claims: {parts}. Of the {measured} rows decided from study results, {came} had their "
-            f"rule committed before those results."]
+    return [f"{len(lines)} claims: {parts}. Of the {len(decided)} rows decided from study results, {len(came)} had "
+            f"their rule committed before those results" + (f" ({nominal} of them with seeds added after a first "
+                                                             f"verdict, at nominal level)." if nominal else ".")]
 
 
 def render(root: Path, extra: Sequence[str] = ()) -> str:

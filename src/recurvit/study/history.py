@@ -1,6 +1,6 @@
 """Whether a claim's rule came before its results, read from git: the commit that last changed the
 claim (in its study file) against the first commit that holds the results it reads (the results file,
-and in it the columns of the claim's figure)."""
+in it the columns of the claim's figure, and, with ``reads``, runs of the claim's cells that decide it)."""
 from __future__ import annotations
 
 import csv
@@ -8,7 +8,7 @@ import functools
 import io
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import yaml
 
@@ -68,10 +68,23 @@ def rule_commit(root: Path, study_file: Path, cid: str) -> Optional[str]:
     return None  # pragma: no cover
 
 
-def results_commit(root: Path, results_file: Path, columns: Sequence[str] = ()) -> Optional[str]:
+def file_commits(root: Path, rel: str) -> List[str]:
+    """The commits that changed the file ``rel``, oldest first."""
+    return list(reversed((_git(root, "log", "--format=%H", "--", rel) or "").split()))
+
+
+def show(root: Path, commit: str, rel: str) -> str:
+    """The file ``rel`` as committed at ``commit`` ("" when it did not exist there)."""
+    return _git(root, "show", f"{commit}:{rel}") or ""
+
+
+def results_commit(root: Path, results_file: Path, columns: Sequence[str] = (),
+                   reads: Optional[Callable[[str], bool]] = None) -> Optional[str]:
     """The first commit that holds ``results_file`` ("worktree" when it is not committed yet); with
     ``columns``, the first commit whose copy of that CSV has every one of them in its header (a figure
-    added to a study's results later, for example by a new evaluator, has results from then on)."""
+    added to a study's results later, for example by a new evaluator, has results from then on); with
+    ``reads(commit)``, the first whose copy also holds what the claim reads (runs of its cells that decide
+    it: a file that has the columns but only other cells' runs holds none of its results yet)."""
     rel = str(results_file.resolve().relative_to(root.resolve()))
     log = _git(root, "log", "--format=%H", "--diff-filter=A", "--", rel)
     if log is None:
@@ -79,10 +92,10 @@ def results_commit(root: Path, results_file: Path, columns: Sequence[str] = ()) 
     commits = log.split()
     if not commits:
         return "worktree"
-    if not columns:
+    if not columns and reads is None:
         return commits[-1]
-    for commit in reversed((_git(root, "log", "--format=%H", "--", rel) or "").split()):  # oldest first
-        if set(columns) <= set(_header_at(root, commit, rel)):
+    for commit in file_commits(root, rel):
+        if set(columns) <= set(_header_at(root, commit, rel)) and (reads is None or reads(commit)):
             return commit
     return "worktree"
 
@@ -102,14 +115,15 @@ def _earliest(root: Path, commits: Sequence[str]) -> str:
 
 
 def rule_came(root: Path, study_file: Path, cid: str, results_file: Path, columns: Sequence[str] = (),
-              seen: Sequence[str] = ()) -> str:
+              seen: Sequence[str] = (), reads: Optional[Callable[[str], bool]] = None) -> str:
     """"before" when the claim's rule was committed before the first commit of the results it reads
     (``columns``: the results.csv columns of its figure; ``seen``: earlier files, relative to ``root``,
-    that held the same figures, which count from their own first commit), "after" otherwise; "no
-    results yet" when there are none; "unknown" outside a git repository."""
+    that held the same figures, which count from their own first commit; ``reads``: see
+    :func:`results_commit`), "after" otherwise; "no results yet" when there are none; "unknown" outside
+    a git repository."""
     if not results_file.is_file():
         return "no results yet"
-    rule, res = rule_commit(root, study_file, cid), results_commit(root, results_file, columns)
+    rule, res = rule_commit(root, study_file, cid), results_commit(root, results_file, columns, reads)
     if seen and res is not None:
         firsts = [first_commit(root, f) for f in seen]
         never = [f for f, c in zip(seen, firsts) if c is None]

@@ -3,6 +3,7 @@ over seeds, the study's comparisons as Welch tests, its cost) and the plots of `
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
@@ -47,6 +48,12 @@ def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> N
 def rows_from_csv(path: Path, study: Study) -> List[Dict[str, Any]]:
     """Rows of a results.csv written earlier (when the run directories are gone): numbers parsed,
     what the CSV does not hold (per-step curves) left out."""
+    with open(path, newline="") as f:
+        return rows_from_text(f.read(), study)
+
+
+def rows_from_text(text: str, study: Study) -> List[Dict[str, Any]]:
+    """:func:`rows_from_csv` of a results.csv's text (e.g. as an earlier commit held it)."""
     def num(v: str) -> Any:
         if v == "":
             return None
@@ -57,9 +64,8 @@ def rows_from_csv(path: Path, study: Study) -> List[Dict[str, Any]]:
                 pass
         return v
 
-    with open(path, newline="") as f:
-        rows = [{k: (v if k in ("run_id", *dict(study.axes)) else num(v)) for k, v in r.items()}
-                for r in csv.DictReader(f)]
+    rows = [{k: (v if k in ("run_id", *dict(study.axes)) else num(v)) for k, v in r.items()}
+            for r in csv.DictReader(io.StringIO(text))]
     for r in rows:
         STUDIES[study.task].fix_row(r)
     return rows
