@@ -84,6 +84,26 @@ def test_multi_resolution_latents_have_one_grid_per_scale():
     assert model.decode([q.mode() for q in posts]).shape == (2, 3, 16, 16)
 
 
+def test_one_core_serves_every_scale_and_each_transition_is_its_own():
+    """The shared LoopVAE: one core per encoder / decoder, applied at every scale and loop (each of its
+    blocks runs once per application), and resolution-changing transitions with no parameter in common."""
+    torch.manual_seed(0)
+    model = create_model("loopvae_conv", **TINY).eval()
+    for side, transitions in ((model.encoder, model.encoder.down), (model.decoder, model.decoder.up)):
+        assert len(side.core.blocks) == model.cfg.depth  # one set of blocks, not one per scale
+        owned = [{id(p) for p in t.parameters()} for t in transitions]
+        assert len(owned) == len(model.cfg.loops) - 1 and all(owned)
+        assert sum(map(len, owned)) == len(set().union(*owned))  # no tensor shared between transitions
+        assert not set().union(*owned) & {id(p) for p in side.core.parameters()}
+    calls = []
+    hooks = [b.register_forward_hook(lambda *_: calls.append(1)) for b in model.encoder.core.blocks]
+    with torch.no_grad():
+        model.encode(_x())
+    for h in hooks:
+        h.remove()
+    assert len(calls) == model.cfg.depth * sum(model.cfg.loops) == 28
+
+
 @pytest.mark.parametrize("operator", ["conv", "transformer"])
 def test_loop_and_scale_conditioning_change_the_core_output(operator):
     torch.manual_seed(0)

@@ -97,13 +97,14 @@ def decision_text(claim: Claim, d: rules.Decision) -> str:
 
 def _studyless(claim: Claim, root: Path) -> Tuple[str, str]:
     s = claim.spec
-    if claim.rule == "identity":
-        test = s["test"]
-        file, _, name = test.partition("::")
-        path = root / file
-        if not path.is_file() or not re.search(rf"^def {re.escape(name)}\(", path.read_text(), re.M):
-            raise UserError(f"claim {claim.id}: test {test} does not exist")
-        return f"`{test}`", "identity, tested"
+    if claim.rule == "identity":  # test: one test, or a list of them (each must exist)
+        tests = s["test"] if isinstance(s["test"], list) else [s["test"]]
+        for test in tests:
+            file, _, name = test.partition("::")
+            path = root / file
+            if not path.is_file() or not re.search(rf"^def {re.escape(name)}\(", path.read_text(), re.M):
+                raise UserError(f"claim {claim.id}: test {test} does not exist")
+        return ", ".join(f"`{t}`" for t in tests), "identity, tested"
     if claim.rule == "accounting":
         counts_file = root / "results" / "accounting" / "counts.json"
         if not counts_file.is_file():
