@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from recurvit.errors import UserError  # noqa: E402
 from recurvit.study.findings import render  # noqa: E402
 from recurvit.study.stats import mean_ci, welch  # noqa: E402
 
@@ -81,6 +82,10 @@ def survival(results: Path) -> List[str]:
         return "+" if w["lo"] > 0 else "−" if w["hi"] < 0 else "none"
 
     for label, key, (a3, b3), (a10, b10) in SURVIVAL:
+        for name, rows, regimes in (("fashion_mnist_crossroads", short, (a3, b3)), ("fashion_converged", long, (a10, b10))):
+            missing = sorted(set(regimes) - {str(r.get("regime")) for r in rows})
+            if missing:  # a renamed regime is an error, not a silently dropped row
+                raise UserError(f"survival table: results/{name} has no regime {', '.join(missing)}")
         w3 = welch(values(short, key, regime=a3), values(short, key, regime=b3))
         w10 = welch(values(long, key, regime=a10), values(long, key, regime=b10))
         if math.isnan(w3["diff"]) or math.isnan(w10["diff"]):
@@ -98,7 +103,11 @@ def main(argv: Sequence[str] = ()) -> int:
                     help="exit 1 when findings.md differs from what the results files give (CI)")
     args = ap.parse_args(list(argv))
     args.results = args.root / "results"
-    text = render(args.root, extra=survival(args.results))
+    try:
+        text = render(args.root, extra=survival(args.results))
+    except UserError as e:  # a renamed label, a missing test: one line, exit code 2
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     out = args.results / "findings.md"
     if args.check:
         if not out.is_file() or out.read_text() != text:

@@ -194,6 +194,10 @@ def test_survival_table_compares_the_3_epoch_and_10_epoch_verdicts(tmp_path):
     assert lines[("| ViT (matched FLOPs) − bViT", "acc@T")].endswith("(none) | no |")
     assert lines[("| bViT − ViT (matched parameters)", "acc@T")].endswith("(+) | yes |")
     assert lines[("| random depth − naive", "acc@T")].endswith("(−) | yes |")
+    write_csv(tmp_path / "fashion_converged", converged(  # a renamed regime is an error, not a dropped row
+        {"naive": 0.85, "ds_3": 0.85, "random_depth": 0.79, "vit_matched_flops": 0.85, "vit_matched_params": 0.75}))
+    with pytest.raises(UserError, match="fashion_converged has no regime ds3"):
+        script.survival(tmp_path)
 
 
 @pytest.mark.slow
