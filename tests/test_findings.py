@@ -117,17 +117,20 @@ def test_results_date_a_rule_only_once_they_decide_it_and_added_seeds_are_named(
     write_csv(root / "results" / "tiny", [r for r in first if r["regime"] == "ds3"])  # other cells only
     git("add", "-A"), git("commit", "-qm", "ds3 results")
     repo(tmp_path, {"vit_ahead": ahead, "ds_no_gain": c("equivalence", margin=0.01, a={"regime": "ds3"},
-                                                        b={"regime": "naive"})})
+                                                        b={"regime": "naive"}),
+                    "both": c("all_of", parts=["vit_ahead", "ds_no_gain"])})
     git("add", "-A"), git("commit", "-qm", "a rule on cells that have no results yet")
     write_csv(root / "results" / "tiny", first)
     git("add", "-A"), git("commit", "-qm", "all results")
-    assert {ln.claim.id: ln.came for ln in collect(root)} == {"vit_ahead": "before", "ds_no_gain": "before"}
+    assert {ln.claim.id: ln.came for ln in collect(root)} == {"vit_ahead": "before", "ds_no_gain": "before",
+                                                              "both": "before"}
     more = [{**r, "run_id": r["run_id"][:-1] + "3", "train.seed": 3} for r in first if r["train.seed"] == 0
             and r["regime"] == "naive"]
     write_csv(root / "results" / "tiny", first + more)  # a fourth naive seed, after reading three
     came = {ln.claim.id: ln.came for ln in collect(root)}
     assert came["vit_ahead"] == "before; seeds per cell raised from 3 to 4 after a verdict was committed: nominal level"
-    assert "Of the 2 rows decided from study results, 2 had" in render(root)
+    assert came["both"] == came["vit_ahead"] and came["ds_no_gain"] == came["vit_ahead"]  # naive is in both
+    assert "Of the 3 rows decided from study results, 3 had" in render(root)
 
 
 TARGETS = {"exit_drop_points": {"max": 0.5}, "exit_steps_pct_T": {"max": 60}, "exit_speedup": {"min": 1.4}}

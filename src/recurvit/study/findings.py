@@ -190,6 +190,11 @@ def collect(root: Path) -> List[Line]:
             came = rule_came(root, path, c.id, results, claim_columns(c), c.spec.get("seen", ()),
                              lambda commit, cid=c.id: _decides(earlier, commit, cid))
             lines.append(Line(c, study.results.name, figure, verdict, _grown(came, c, rows, earlier, root, results)))
+        mine = {ln.claim.id: ln for ln in lines[len(lines) - len(study.claims):]}
+        for ln in mine.values():  # a claim made of others is at the nominal level when one of its parts is
+            nominal = [mine[p].came for p in ln.claim.spec.get("parts", ()) if mine[p].came.startswith("before;")]
+            if ln.came == "before" and nominal:
+                ln.came = nominal[0]
     studyless = root / "studies" / STUDYLESS
     if studyless.is_file():
         for c in load_claims(studyless):
