@@ -7,7 +7,7 @@ import torch
 
 from recurvit import create_model
 from recurvit.analysis.cka import CKAAccumulator, linear_cka
-from recurvit.analysis.per_step import analyze_model
+from recurvit.analysis.per_step import analyze_model, continuation, continued
 from recurvit.analysis.probe import Intervention, StepProbe, calls_per_step
 from recurvit.cli import main
 from conftest import TINY
@@ -165,6 +165,34 @@ def test_analyze_model_outputs_shapes():
     assert p["base_acc"] == pytest.approx(acc) and res["readout"]["accuracy"][-1] == pytest.approx(acc)
     with pytest.raises(ValueError, match="unknown analyses"):
         analyze_model(m, [(x, y)], what=["readout", "bogus"])
+
+
+# ------------------------------------------------------------------------ the fixed-point control
+def test_continuing_the_previous_update_keeps_its_direction_and_drops_a_new_one():
+    torch.manual_seed(0)
+    z_before, z_prev = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    p = z_prev - z_before
+    new = torch.randn(2, 5, 8)
+    new = new - (new * p).sum(-1, keepdim=True) / (p * p).sum(-1, keepdim=True) * p  # orthogonal to p, per token
+    c = torch.randn(2, 5, 1)
+    # an update along the previous one is kept exactly; a new direction is dropped, whatever its size
+    assert torch.allclose(continued(z_before, z_prev, z_prev + c * p), z_prev + c * p, atol=1e-5)
+    assert torch.allclose(continued(z_before, z_prev, z_prev + 3 * new), z_prev, atol=1e-5)
+    assert torch.allclose(continued(z_before, z_prev, z_prev + c * p + new), z_prev + c * p, atol=1e-5)
+
+
+@pytest.mark.parametrize("key", ["recurrent", "stack", "ode_euler"])
+def test_the_continuation_control_reads_the_model_at_its_trained_depth(key):
+    torch.manual_seed(0)
+    model = _model(key)
+    batches = [(_x(6), torch.randint(0, 10, (6,))) for _ in range(2)]
+    res = continuation(model, batches)
+    with torch.no_grad():
+        acc = sum((model(x).argmax(-1) == y).sum().item() for x, y in batches) / 12
+    assert res["images"] == 12 and res["acc_T"] == acc  # the real path is the model's own output
+    assert res["drop"] == pytest.approx(res["acc_T"] - res["acc_continued"])
+    with pytest.raises(ValueError, match="at least 2 steps"):
+        continuation(_model("recurrent", steps=1), batches)
 
 
 # ------------------------------------------------------------------------------------------ CLI

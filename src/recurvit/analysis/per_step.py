@@ -147,3 +147,37 @@ def _progress(items, on: bool, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(items, desc=desc, leave=False, dynamic_ncols=True)
+
+
+# ------------------------------------------------------------------ the fixed-point control
+def continued(z_before: torch.Tensor, z_prev: torch.Tensor, z_last: torch.Tensor) -> torch.Tensor:
+    """``z_last`` with its update (``z_last - z_prev``) replaced, token by token, by that update's
+    least-squares projection onto the previous update (``z_prev - z_before``): the state an iteration
+    that only continues along its previous direction (at the last update's own extent along it) reaches."""
+    d, p = (z_last - z_prev).float(), (z_prev - z_before).float()
+    alpha = (d * p).sum(-1, keepdim=True) / (p * p).sum(-1, keepdim=True).clamp_min(1e-12)
+    return (z_prev.float() + alpha * p).to(z_last.dtype)
+
+
+@torch.no_grad()
+def continuation(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.Tensor]],
+                 device: Optional[torch.device] = None) -> dict:
+    """Accuracy at the trained depth T, and with the last step's update replaced by the previous update
+    continued (:func:`continued`): {"acc_T", "acc_continued", "drop", "images"}. An iteration that
+    settles towards a fixed point along one direction loses nothing when its last step is continued
+    this way; a block whose last step does new work (a new direction) does."""
+    model.eval()
+    device = device or next(model.parameters()).device
+    K = model.core.check_steps(None)
+    if K < 2:
+        raise ValueError(f"the continuation control needs at least 2 steps, the model runs {K}")
+    right = right_cont = n = 0
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        zs = [model.embed(x), *model.iter_states(x, K)]
+        real, cont = (model.forward_head(model.norm(z), step=K) for z in (zs[-1], continued(zs[-3], zs[-2], zs[-1])))
+        right += (real.argmax(-1) == y).sum().item()
+        right_cont += (cont.argmax(-1) == y).sum().item()
+        n += len(y)
+    acc, acc_c = right / n, right_cont / n
+    return {"acc_T": acc, "acc_continued": acc_c, "drop": acc - acc_c, "images": n}

@@ -2,18 +2,21 @@
 :mod:`recurvit.study.evaluators`): each takes a trained run and returns the columns it adds to the
 run's result row.
 
-=============  ===================================================================================
-``horizon``    accuracy at every step up to ``max_steps_factor`` x T (acc@T, acc@2T, ...; runs by default)
-``variants``   accuracy at T with core options changed (``{name: {option: value}}``); a variant whose
-               options the run's core does not take is recorded as not applicable (None), as the core
-               itself says (:meth:`recurvit.models.cores.base.Core.accepts`)
-``per_step``   per-step analyses (readout accuracy, relative update, CKA of consecutive states, the
-               accuracy lost when the block is skipped at one step) and the figures claims read:
-               ``skip_drop_T``, ``skip_drop_mean``, ``rel_update_T``, ``rel_update_ratio``,
-               ``cka_last_pair``, ``readout_gain_T``
-``exit``       anytime exit calibrated off the test split, the criterion chosen there, measured on
-               it: ``exit_accuracy``, ``exit_drop_points``, ``exit_steps_pct_T``, ``exit_speedup``, ...
-=============  ===================================================================================
+================  ===================================================================================
+``horizon``       accuracy at every step up to ``max_steps_factor`` x T (acc@T, acc@2T, ...; runs by default)
+``variants``      accuracy at T with core options changed (``{name: {option: value}}``); a variant whose
+                  options the run's core does not take is recorded as not applicable (None), as the core
+                  itself says (:meth:`recurvit.models.cores.base.Core.accepts`)
+``per_step``      per-step analyses (readout accuracy, relative update, CKA of consecutive states, the
+                  accuracy lost when the block is skipped at one step) and the figures claims read:
+                  ``skip_drop_T``, ``skip_drop_mean``, ``rel_update_T``, ``rel_update_ratio``,
+                  ``cka_last_pair``, ``readout_gain_T``
+``continuation``  the fixed-point control: ``continue_drop_T``, the accuracy lost when the last step's update
+                  is replaced by the previous update continued (an iteration settling along one direction
+                  loses nothing)
+``exit``          anytime exit calibrated off the test split, the criterion chosen there, measured on
+                  it: ``exit_accuracy``, ``exit_drop_points``, ``exit_steps_pct_T``, ``exit_speedup``, ...
+================  ===================================================================================
 """
 from __future__ import annotations
 
@@ -89,15 +92,37 @@ class PerStep(Evaluator):
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
         from ..analysis.per_step import analyze_model
 
-        batches, n = [], 0
-        for x, y in run.test_loader:  # the first `images` test images (the loader does not shuffle)
-            take = min(len(y), options["images"] - n)
-            batches.append((x[:take], y[:take]))
-            n += take
-            if n >= options["images"]:
-                break
-        res = analyze_model(run.model, batches, ("readout", "norms", "cka", "pruning"), device=run.device)
+        res = analyze_model(run.model, first_images(run, options["images"]), ("readout", "norms", "cka", "pruning"),
+                            device=run.device)
         return per_step_figures(res)
+
+
+class Continuation(Evaluator):
+    """The fixed-point control of the per-step claims (:func:`recurvit.analysis.per_step.continuation`):
+    ``continue_drop_T``, the accuracy lost when step T's update is replaced by the previous update
+    continued (its projection onto that update's direction), on the first ``images`` test images."""
+
+    name = "continuation"
+    defaults = {"images": 2000}
+    columns = ("continue_drop_T",)
+
+    def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
+        from ..analysis.per_step import continuation
+
+        res = continuation(run.model, first_images(run, options["images"]), device=run.device)
+        return {"continuation": res, "continue_drop_T": res["drop"]}
+
+
+def first_images(run: Evaluated, images: int) -> list:
+    """The first ``images`` test images of a run as (x, y) batches (the test loader does not shuffle)."""
+    batches, n = [], 0
+    for x, y in run.test_loader:
+        take = min(len(y), images - n)
+        batches.append((x[:take], y[:take]))
+        n += take
+        if n >= images:
+            break
+    return batches
 
 
 def per_step_figures(res: Dict[str, Any]) -> Dict[str, Any]:
@@ -158,4 +183,4 @@ class Exit(Evaluator):
                 "exit_calibration_steps": per[chosen]["calibration"]["mean_steps"]}
 
 
-EVALUATORS = {e.name: e for e in (Horizon(), Variants(), PerStep(), Exit())}
+EVALUATORS = {e.name: e for e in (Horizon(), Variants(), PerStep(), Continuation(), Exit())}
