@@ -69,7 +69,9 @@ def test_a_new_evaluator_is_one_class_and_one_entry_and_runs_only_where_missing(
     assert Brightness.calls == 1 and not horizon_calls  # only the missing evaluator ran, on a's run only
     a, b = rows2["a__seed=0"], rows2["b__seed=0"]
     assert 0 <= a["share_class0"] <= 1 and a["mean_pixel"] > 0 and "mean_pixel" not in b
-    assert a["acc_T"] == next(r for r in rows if r["run_id"] == "a__seed=0")["acc_T"]  # the sweep's figures kept
+    first = next(r for r in rows if r["run_id"] == "a__seed=0")
+    assert a["acc_T"] == first["acc_T"]  # the sweep's figures kept
+    assert a["eval_seconds"] > first["eval_seconds"]  # the cost of both evaluation passes, not the last one's
     assert {k: (out / "runs" / k / "last.pt").stat().st_mtime_ns for k in last} == last  # nothing trained again
     stored = json.loads((out / "runs" / "a__seed=0" / "result.json").read_text())
     assert stored["eval"] == {"horizon": {"max_steps_factor": 1},

@@ -57,7 +57,10 @@ def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dic
     record = eval_spec
     if previous is not None:
         record = {**recorded(previous), **eval_spec}
+        spent = (previous.get("eval_seconds") or 0.0) + (res.get("eval_seconds") or 0.0)  # both passes' cost
         res = {**{k: v for k, v in previous.items() if k not in ("eval", "wall_seconds")}, **res}
+        if "eval_seconds" in res:
+            res["eval_seconds"] = spent
     res = {**res, "run_id": out_p.name, **labels, "overrides": overrides, "eval": record,  # labels win
            "wall_seconds": time.perf_counter() - t0 + (previous or {}).get("wall_seconds", 0.0)}
     _write_result(out_p, res)
