@@ -8,7 +8,7 @@ import yaml
 
 from recurvit.errors import UserError
 from recurvit.study import rules
-from recurvit.study.claims import decide_all
+from recurvit.study.claims import claim_cells, decide_all, seeds_per_cell
 from recurvit.study.history import rule_came
 from recurvit.study.spec import load_study
 from recurvit.study.stats import welch
@@ -47,6 +47,17 @@ def test_a_label_or_axis_the_study_lacks_is_an_error_at_load(tmp_path):
         load_study(study_file(tmp_path / "e", {"c": claim("all_of", parts=["nope"])}))
     ok = load_study(study_file(tmp_path / "f", {"c": claim(a={"regime": "ds3"}, b={"regime": "naive"})}))
     assert [c.id for c in ok.claims] == ["c"]
+
+
+def test_the_cells_a_trend_claim_reads_are_every_x_on_both_sides(tmp_path):
+    grid = {"width": {"w1": {}, "w2": {}}, "model": {"b": {}, "v": {}}, "train.seed": [0, 1, 2]}
+    trend = claim("trend", axis="width", x={"w1": 1, "w2": 2}, a={"model": "v"}, b={"model": "b"}, paired=True)
+    (c,) = load_study(study_file(tmp_path, {"t": trend}, grid=grid)).claims
+    assert claim_cells(c) == [{"width": "w1", "model": "v"}, {"width": "w1", "model": "b"},
+                              {"width": "w2", "model": "v"}, {"width": "w2", "model": "b"}]
+    runs = [{"width": w, "model": m, "train.seed": s, "acc_T": 0.5} for w in ("w1", "w2") for m in "bv" for s in (0, 1)]
+    runs.append({"width": "w2", "model": "b", "train.seed": 2, "acc_T": None})  # a run without the figure
+    assert seeds_per_cell(c, runs) == 2
 
 
 def test_each_rule_kind_decides_from_the_rows(tmp_path):

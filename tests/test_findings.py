@@ -103,34 +103,43 @@ def test_the_history_column_reads_git(tmp_path):
     assert "Of the 1 rows decided from study results, 1 had their rule committed before those results." in text
 
 
-def test_results_date_a_rule_only_once_they_decide_it_and_added_seeds_are_named(tmp_path):
-    """The results of a claim are the runs of its cells that decide it (not a file that already has the
-    columns from other cells); seeds added to its cells after a committed verdict make its level nominal."""
+def test_results_date_a_rule_from_its_own_cells_and_added_seeds_are_named(tmp_path):
+    """The results of a claim are the runs of its cells (not a file that already has the columns from other
+    cells); seeds added to its cells after a committed verdict, beyond the seeds a cell had then, make its
+    level nominal (filling a cell up to them does not)."""
     def git(*args):
         subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+    def commit(msg):
+        git("add", "-A"), git("commit", "-qm", msg)
 
     ahead = c(a={"regime": "vit"}, b={"regime": "naive"})
     root = repo(tmp_path, {"vit_ahead": ahead})
     git("init", "-q"), git("config", "user.email", "t@t"), git("config", "user.name", "t")
-    git("add", "-A"), git("commit", "-qm", "rule")
-    first = rows({"naive": 0.80, "ds3": 0.80, "vit": 0.85})
-    write_csv(root / "results" / "tiny", [r for r in first if r["regime"] == "ds3"])  # other cells only
-    git("add", "-A"), git("commit", "-qm", "ds3 results")
-    repo(tmp_path, {"vit_ahead": ahead, "ds_no_gain": c("equivalence", margin=0.01, a={"regime": "ds3"},
-                                                        b={"regime": "naive"}),
-                    "both": c("all_of", parts=["vit_ahead", "ds_no_gain"])})
-    git("add", "-A"), git("commit", "-qm", "a rule on cells that have no results yet")
-    write_csv(root / "results" / "tiny", first)
-    git("add", "-A"), git("commit", "-qm", "all results")
-    assert {ln.claim.id: ln.came for ln in collect(root)} == {"vit_ahead": "before", "ds_no_gain": "before",
-                                                              "both": "before"}
-    more = [{**r, "run_id": r["run_id"][:-1] + "3", "train.seed": 3} for r in first if r["train.seed"] == 0
-            and r["regime"] == "naive"]
-    write_csv(root / "results" / "tiny", first + more)  # a fourth naive seed, after reading three
+    commit("rule")
+    full = rows({"naive": 0.80, "ds3": 0.80, "vit": 0.85})
+    write_csv(root / "results" / "tiny", [r for r in full if r["regime"] == "vit"])  # one cell's runs only
+    commit("vit results")
+    late = {"vit_ahead": ahead, "both": c("all_of", parts=["vit_ahead", "ds_no_gain"]),
+            "ds_no_gain": c("equivalence", margin=0.01, a={"regime": "ds3"}, b={"regime": "naive"}),
+            "vit_over_ds3": c(a={"regime": "vit"}, b={"regime": "ds3"})}  # its vit cell was in view
+    repo(tmp_path, late)
+    commit("rules on cells with and without results")
+    write_csv(root / "results" / "tiny", [r for r in full if r["run_id"] != "naive__seed=2"])
+    commit("results but one naive seed")
     came = {ln.claim.id: ln.came for ln in collect(root)}
-    assert came["vit_ahead"] == "before; seeds per cell raised from 3 to 4 after a verdict was committed: nominal level"
-    assert came["both"] == came["vit_ahead"] and came["ds_no_gain"] == came["vit_ahead"]  # naive is in both
-    assert "Of the 3 rows decided from study results, 3 had" in render(root)
+    # "both" reads vit_ahead's runs too, and vit's were in view when it was written
+    assert came == {"vit_ahead": "before", "ds_no_gain": "before", "both": "after", "vit_over_ds3": "after"}
+    write_csv(root / "results" / "tiny", full)  # naive filled up to the seeds the other cells had
+    commit("the last naive seed")
+    assert {ln.claim.id: ln.came for ln in collect(root)}["vit_ahead"] == "before"
+    more = [{**r, "run_id": r["run_id"][:-1] + "3", "train.seed": 3} for r in full if r["run_id"] == "naive__seed=0"]
+    write_csv(root / "results" / "tiny", full + more)  # a fourth naive seed, after reading three
+    came = {ln.claim.id: ln.came for ln in collect(root)}
+    nominal = "before; seeds per cell raised from 3 to 4 after a verdict was committed: nominal level"
+    assert came["vit_ahead"] == came["ds_no_gain"] == nominal and came["both"] == "after"  # naive: in both
+    assert ("Of the 4 rows decided from study results, 2 had their rule committed before those results "
+            "(2 of them with seeds added after a first verdict, at nominal level).") in render(root)
 
 
 TARGETS = {"exit_drop_points": {"max": 0.5}, "exit_steps_pct_T": {"max": 60}, "exit_speedup": {"min": 1.4}}

@@ -179,9 +179,22 @@ def claim_cells(claim: Claim) -> List[Dict[str, Any]]:
     return cells
 
 
+def _has_figure(claim: Claim, row: Row) -> bool:
+    if claim.rule == "target":
+        return any(_num(row.get(c)) is not None for c in claim.spec["targets"])
+    return figure_of(row, claim.spec.get("figure", "acc_T")) is not None
+
+
+def reads_any(claim: Claim, rows: Iterable[Row]) -> bool:
+    """Whether ``rows`` hold any run of the claim's cells with its figure (results it reads, decided or not)."""
+    cells = claim_cells(claim)
+    return any(_has_figure(claim, r) for r in rows if any(_match(r, c) for c in cells))
+
+
 def seeds_per_cell(claim: Claim, rows: Iterable[Row]) -> int:
-    """The most seeds any one of the claim's cells has among ``rows`` (0 for a claim made of others)."""
-    rows = list(rows)
+    """The most seeds any one of the claim's cells has with its figure among ``rows`` (0 for a claim made
+    of others)."""
+    rows = [r for r in rows if _has_figure(claim, r)]
     return max((len({str(r.get(SEED_KEY, r.get("seed"))) for r in rows if _match(r, cell)})
                 for cell in claim_cells(claim)), default=0)
 

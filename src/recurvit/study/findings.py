@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from ..errors import UserError
 from . import rules
-from .claims import NOT_TESTED, Claim, claim_columns, decide_all, load_claims, seeds_per_cell
+from .claims import NOT_TESTED, Claim, claim_columns, decide_all, load_claims, reads_any, seeds_per_cell
 from .history import file_commits, rule_came, show
 from .spec import load_study
 from .stats import fmt_p
@@ -145,6 +145,15 @@ def _decides(earlier: Callable, commit: str, cid: str) -> bool:
     return got is not None and got.verdict != rules.NOT_MEASURED
 
 
+def _reads(earlier: Callable, commit: str, claim: Claim, claims: Dict[str, Claim]) -> bool:
+    """Whether the results.csv of ``commit`` holds any run the claim reads (a claim made of others: any
+    run one of its parts reads), decided or not: a rule written after seeing one seed came after it."""
+    rows = earlier(commit)[0]
+    if claim.rule == "all_of":
+        return any(_reads(earlier, commit, claims[p], claims) for p in claim.spec["parts"])
+    return reads_any(claim, rows)
+
+
 def _grown(came: str, claim: Claim, rows: list, earlier: Callable, root: Path, results: Path) -> str:
     """A rule that came before its results, whose cells got more seeds after a verdict on fewer was
     committed (seeds added after reading, e.g. where the report asked for them; not a cell filled up to the
@@ -179,6 +188,7 @@ def collect(root: Path) -> List[Line]:
             rows = rows_from_csv(results, study)
         decided = decide_all(study.claims, rows)
         earlier = _decided_at(root, study, results)
+        by_id = {c.id: c for c in study.claims}
         for c in study.claims:
             d = decided[c.id]
             if not rows:
@@ -188,13 +198,15 @@ def collect(root: Path) -> List[Line]:
                 if len(rows) < len(study.runs):  # decided on the runs in so far: say so
                     figure += f" (partial study: {len(rows)} of {len(study.runs)} runs in)"
             came = rule_came(root, path, c.id, results, claim_columns(c), c.spec.get("seen", ()),
-                             lambda commit, cid=c.id: _decides(earlier, commit, cid))
+                             lambda commit, claim=c: _reads(earlier, commit, claim, by_id))
             lines.append(Line(c, study.results.name, figure, verdict, _grown(came, c, rows, earlier, root, results)))
         mine = {ln.claim.id: ln for ln in lines[len(lines) - len(study.claims):]}
-        for ln in mine.values():  # a claim made of others is at the nominal level when one of its parts is
-            nominal = [mine[p].came for p in ln.claim.spec.get("parts", ()) if mine[p].came.startswith("before;")]
-            if ln.came == "before" and nominal:
-                ln.came = nominal[0]
+        for ln in mine.values():  # a claim made of others came after when a part did, is nominal when one is
+            parts = [mine[p].came for p in ln.claim.spec.get("parts", ())]
+            if ln.came.startswith("before") and "after" in parts:
+                ln.came = "after"
+            elif ln.came == "before" and ln.verdict != rules.NOT_MEASURED:
+                ln.came = next((p for p in parts if p.startswith("before;")), ln.came)
     studyless = root / "studies" / STUDYLESS
     if studyless.is_file():
         for c in load_claims(studyless):
