@@ -195,6 +195,23 @@ def test_the_continuation_control_reads_the_model_at_its_trained_depth(key):
         continuation(_model("recurrent", steps=1), batches)
 
 
+def test_the_continued_path_reads_the_continued_state(monkeypatch):
+    """With the last update dropped entirely (the continued state = the state before it), the control's
+    second accuracy is the model's at T - 1 steps."""
+    import recurvit.analysis.per_step as per_step
+
+    torch.manual_seed(0)
+    model = _model("recurrent")
+    with torch.no_grad():
+        for p in model.blocks.parameters():  # a block whose steps change the answers (not at init's scale)
+            p.mul_(8)
+        # labels: the model's own answers at T - 1 = 3 steps
+        batches = [(x, model(x, steps=3).argmax(-1)) for x in (_x(32), _x(32))]
+    monkeypatch.setattr(per_step, "continued", lambda z_before, z_prev, z_last: z_prev)
+    res = continuation(model, batches)
+    assert res["acc_continued"] == 1.0 and res["acc_T"] < 1.0  # T's own answers differ on some images
+
+
 # ------------------------------------------------------------------------------------------ CLI
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):

@@ -95,13 +95,14 @@ def test_one_core_serves_every_scale_and_each_transition_is_its_own():
         assert len(owned) == len(model.cfg.loops) - 1 and all(owned)
         assert sum(map(len, owned)) == len(set().union(*owned))  # no tensor shared between transitions
         assert not set().union(*owned) & {id(p) for p in side.core.parameters()}
-    calls = []
-    hooks = [b.register_forward_hook(lambda *_: calls.append(1)) for b in model.encoder.core.blocks]
+    calls = {"encoder": [], "decoder": []}
+    hooks = [b.register_forward_hook(lambda *_, side=side: calls[side].append(1))
+             for side in calls for b in getattr(model, side).core.blocks]
     with torch.no_grad():
-        model.encode(_x())
+        model.decode([q.mode() for q in model.encode(_x())])
     for h in hooks:
         h.remove()
-    assert len(calls) == model.cfg.depth * sum(model.cfg.loops) == 28
+    assert len(calls["encoder"]) == len(calls["decoder"]) == model.cfg.depth * sum(model.cfg.loops) == 28
 
 
 @pytest.mark.parametrize("operator", ["conv", "transformer"])
