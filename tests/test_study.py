@@ -418,3 +418,24 @@ def test_a_report_rebuilt_from_its_table_archives_nothing_and_keeps_its_comparis
     assert main(["study", str(tmp_path / "s.yaml"), "--report-only"]) == 0
     assert not (study.results / "runs").exists()
     assert "| rec − vit | acc@T | +10.00 |" in (study.results / "report.md").read_text()
+
+
+def test_a_report_rebuilt_from_its_table_keeps_the_variant_table_and_the_curve_plots(tmp_path):
+    """What results.csv does not hold (per-step and per-epoch curves) is not dropped from a rebuilt report:
+    its plots stay beside it and are still shown; the core-option variants come back from their columns."""
+    (tmp_path / "base.yaml").write_text(BASE)
+    (tmp_path / "s.yaml").write_text(STUDY.format(base="base.yaml"))
+    study = load_study(tmp_path / "s.yaml")
+    rows = [{"run_id": f"{g}__seed={s}", "regime": g, "train.seed": str(s), "model": "m", "core": "recurrent",
+             "runs_as": "recurrent", "shares_blocks": True, "embed_dim": 8, "depth": 1, "steps": 2, "seed": s,
+             "epochs": 1, "params": 10, "params_stored": 10, "flops_forward": 100, "nfe": 2, "chance": 0.1,
+             "acc_T": 0.5 + 0.01 * s, "train_seconds": 1.0, "horizon_accuracy": [0.3, 0.5 + 0.01 * s],
+             "test_acc_curve": [0.5], "variants": {"eval_rk4": {"acc_T": 0.4 + 0.01 * s, "nfe": 8}}}
+            for g in ("rec", "vit") for s in (0, 1)]
+    write_report(rows, study, study.results)
+    before = (study.results / "report.md").read_text()
+    assert "acc_vs_steps.png" in before and "acc_vs_epoch.png" in before and "| eval_rk4 |" in before
+    from recurvit.study.report import rows_from_csv
+
+    write_report(rows_from_csv(study.results / "results.csv", study), study, study.results)
+    assert (study.results / "report.md").read_text() == before

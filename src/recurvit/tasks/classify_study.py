@@ -91,6 +91,10 @@ def fix_row(r: Dict[str, Any]) -> None:
 
     if r.get("core") and "shares_blocks" not in r:
         r["shares_blocks"] = core_class(r["core"]).shares_blocks
+    if "variants" not in r:  # the core-option variants' accuracies, from their variant_<name> columns
+        got = {k[len("variant_"):]: v for k, v in r.items() if k.startswith("variant_")}
+        if got:
+            r["variants"] = {name: ({"acc_T": v} if v is not None else None) for name, v in got.items()}
 
 
 def fill_cell(c: Dict[str, Any], rs: List[Dict[str, Any]]) -> None:
@@ -182,10 +186,16 @@ def _frontier_table(cs: List[Dict[str, Any]]) -> List[str]:
 
 def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
     made = plots.cost_fronts(cs, out_dir, study.name)
+    # the per-step and per-epoch curves are in the runs, not in results.csv: a report made from results.csv
+    # alone (run directories gone) keeps the plots drawn from them beside it
     if any(len(c["horizon"]) > 1 for c in cs):
         made.append(plots.horizon(cs, out_dir, study.name, chance))
+    elif (out_dir / "acc_vs_steps.png").is_file():
+        made.append(("accuracy against test-time steps", "acc_vs_steps.png"))
     if any(c["curve"] for c in cs):
         made.append(plots.epochs(cs, out_dir, study.name))
+    elif (out_dir / "acc_vs_epoch.png").is_file():
+        made.append(("test accuracy against epoch", "acc_vs_epoch.png"))
     if study.frontier:
         made.append(plots.frontier(cs, out_dir, study.name, chance))
     axes = study.cell_axes()
