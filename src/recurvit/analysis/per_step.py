@@ -161,14 +161,14 @@ def continued(z_before: torch.Tensor, z_prev: torch.Tensor, z_last: torch.Tensor
 
 @torch.no_grad()
 def continuation(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.Tensor]],
-                 device: Optional[torch.device] = None) -> dict:
-    """Accuracy at the trained depth T, and with the last step's update replaced by the previous update
-    continued (:func:`continued`): {"acc_T", "acc_continued", "drop", "images"}. An iteration that
-    settles towards a fixed point along one direction loses nothing when its last step is continued
-    this way; a block whose last step does new work (a new direction) does."""
+                 steps: Optional[int] = None, device: Optional[torch.device] = None) -> dict:
+    """Accuracy at ``steps`` (default: the trained depth T), and with the last step's update replaced by the
+    previous update continued (:func:`continued`): {"acc_T", "acc_continued", "drop", "images"}. An
+    iteration that settles towards a fixed point along one direction loses nothing when its last step is
+    continued this way; a block whose last step does new work (a new direction) does."""
     model.eval()
     device = device or next(model.parameters()).device
-    K = model.core.check_steps(None)
+    K = model.core.check_steps(steps)
     if K < 2:
         raise ValueError(f"the continuation control needs at least 2 steps, the model runs {K}")
     right = right_cont = n = 0

@@ -62,6 +62,8 @@ def summarize(res: dict) -> dict:
             out[f"{key}_drop_range_per_unit"] = [round(max(r["drop"] for r in rows if r[idx] == u)
                                                        - min(r["drop"] for r in rows if r[idx] == u), 4) for u in units]
         out["skip_drop"] = [round(r["drop"], 4) for r in p["skip"]]
+        if "continuation" in p:  # the fixed-point control (analysis.per_step.continuation)
+            out["continue_drop"] = round(p["continuation"]["drop"], 4)
     return out
 
 

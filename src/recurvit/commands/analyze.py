@@ -34,7 +34,7 @@ def add_parser(sub):
 def run(args) -> int:
     import torch
 
-    from ..analysis.per_step import ANALYSES, analyze_model
+    from ..analysis.per_step import ANALYSES, analyze_model, continuation
     from ..analysis.per_step_report import summarize, write_outputs
     from ..errors import UserError
     from ..analysis.budget import check_eval_cost
@@ -63,12 +63,15 @@ def run(args) -> int:
     ys = torch.tensor([y for _, y in items])
     batches = [(xs[i:i + args.batch_size], ys[i:i + args.batch_size]) for i in range(0, n, args.batch_size)]
     K = model.core.check_steps(args.steps)
-    # one pass of K steps, plus (pruning) one per step and masked unit: heads, MLP slices, the whole block
+    # one pass of K steps, plus (pruning) one per step and masked unit (heads, MLP slices, the whole block)
+    # and one for the fixed-point control
     heads, slices = model.blocks[0].attn.num_heads, args.mlp_slices or model.blocks[0].attn.num_heads
-    passes = 1 + (K * (heads + slices + 1) if "pruning" in what else 0)
+    passes = 1 + (K * (heads + slices + 1) + 1 if "pruning" in what else 0)
     check_eval_cost(model, batches[0][0].to(device), K, len(batches) * passes, keeps_states=True, force=args.force)
     res = analyze_model(model, batches, what, steps=args.steps, mlp_slices=args.mlp_slices, device=device,
                         progress=not args.json)
+    if "pruning" in what and K >= 2:  # the fixed-point control: the last update continued from the previous one
+        res["pruning"]["continuation"] = continuation(model, batches, steps=K, device=device)
     out = args.out or ((args.run if args.run.is_dir() else args.run.parent) / "analysis")
     label = f"{cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)}, {res['meta']['steps']} steps) on {cfg.data.name}, {n} test images"
     files = write_outputs(res, out, title=label)
@@ -97,5 +100,7 @@ def run(args) -> int:
               f"(-{t['drop']:.3f}); worst MLP slice: step {summary['mlp_top']['step']} slice "
               f"{summary['mlp_top']['slice']} (-{summary['mlp_top']['drop']:.3f}); skip drops "
               f"{' '.join(f'{d:.3f}' for d in summary['skip_drop'])}")
+    if "continue_drop" in summary:
+        print(f"  last step continued from the previous one (fixed-point control): -{summary['continue_drop']:.3f}")
     print(f"  wrote {len(files)} files to {out}")
     return 0
