@@ -15,7 +15,9 @@ def add_parser(sub):
                     "distance per step and head), cka_tokens.csv / cka_pooled.csv / cka.png (linear CKA between "
                     "every pair of steps; 'emb' = the embedding), pruning_heads.csv / pruning_mlp.csv / "
                     "pruning_skip.csv / pruning.png (accuracy drop when one head, one MLP hidden slice, or the "
-                    "whole block is masked at ONE step), summary.json. A stack ViT is analysed layer by layer.")
+                    "whole block is masked at ONE step; with it, the fixed-point control: the accuracy lost when "
+                    "the last step's update is replaced by the previous update continued), summary.json. A stack "
+                    "ViT is analysed layer by layer.")
     p.add_argument("run", type=Path, help="run directory or checkpoint (finetuned runs included)")
     p.add_argument("--what", default="readout,norms,attention,cka,pruning",
                    help="comma-separated subset of readout,norms,attention,cka,pruning (default: all)")
