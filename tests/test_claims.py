@@ -8,7 +8,8 @@ import yaml
 
 from recurvit.errors import UserError
 from recurvit.study import rules
-from recurvit.study.claims import claim_cells, decide_all, seeds_per_cell
+from recurvit.study.claims import decide_all
+from recurvit.study.findings import claim_cells, seeds_per_cell
 from recurvit.study.history import rule_came
 from recurvit.study.spec import load_study
 from recurvit.study.stats import welch

@@ -3,7 +3,6 @@ file or in studies/claims.yaml gets a row with its data, rule, history and verdi
 files in the format `recurvit study` writes."""
 import csv
 import importlib.util
-import json
 import subprocess
 from pathlib import Path
 

@@ -169,43 +169,13 @@ def _check_labels(claim: Claim, where: str) -> None:
 
 
 # ---------------------------------------------------------------------------------- figures
-def claim_cells(claim: Claim) -> List[Dict[str, Any]]:
-    """The cells whose runs a claim reads (none for a claim made of others)."""
-    s = claim.spec
-    cells = [s[k] for k in ("a", "b") if isinstance(s.get(k), dict)] + list((s.get("groups") or {}).values())
-    if claim.rule == "trend":
-        cells = [{s["axis"]: label, **side} for label in s["x"] for side in ([s.get("a", {})] + (
-            [s["b"]] if "b" in s else []))]
-    return cells
-
-
-def _has_figure(claim: Claim, row: Row) -> bool:
-    if claim.rule == "target":
-        return any(_num(row.get(c)) is not None for c in claim.spec["targets"])
-    return figure_of(row, claim.spec.get("figure", "acc_T")) is not None
-
-
-def reads_any(claim: Claim, rows: Iterable[Row]) -> bool:
-    """Whether ``rows`` hold any run of the claim's cells with its figure (results it reads, decided or not)."""
-    cells = claim_cells(claim)
-    return any(_has_figure(claim, r) for r in rows if any(_match(r, c) for c in cells))
-
-
-def seeds_per_cell(claim: Claim, rows: Iterable[Row]) -> int:
-    """The most seeds any one of the claim's cells has with its figure among ``rows`` (0 for a claim made
-    of others)."""
-    rows = [r for r in rows if _has_figure(claim, r)]
-    return max((len({str(r.get(SEED_KEY, r.get("seed"))) for r in rows if _match(r, cell)})
-                for cell in claim_cells(claim)), default=0)
-
-
-def _match(row: Row, cell: Mapping[str, Any]) -> bool:
+def in_cell(row: Row, cell: Mapping[str, Any]) -> bool:
     """A run belongs to a cell when its label on each named axis is the cell's (or one of a list)."""
     return all(str(row.get(axis)) in (list(map(str, label)) if isinstance(label, list) else [str(label)])
                for axis, label in cell.items())
 
 
-def _num(v: Any) -> Optional[float]:
+def as_number(v: Any) -> Optional[float]:
     if v is None or v == "":
         return None
     x = float(v)
@@ -216,17 +186,17 @@ def figure_of(row: Row, figure: Any) -> Optional[float]:
     """One run's value of a claim's figure (None when the run lacks it)."""
     if isinstance(figure, dict):
         own = str(row.get(figure.get("skip_own", ""), "\0"))
-        vals = [_num(row.get(c)) for c in figure["mean_of"] if not c.endswith("_" + own)]
+        vals = [as_number(row.get(c)) for c in figure["mean_of"] if not c.endswith("_" + own)]
         vals = [v for v in vals if v is not None]
-        minus = _num(row.get(figure["minus"])) if figure.get("minus") else 0.0
+        minus = as_number(row.get(figure["minus"])) if figure.get("minus") else 0.0
         if not vals or minus is None:
             return None
         return statistics.fmean(vals) - minus
     if " - " in figure:
         left, right = (s.strip() for s in figure.split(" - ", 1))
-        a, b = _num(row.get(left)), _num(row.get(right))
+        a, b = as_number(row.get(left)), as_number(row.get(right))
         return None if a is None or b is None else a - b
-    return _num(row.get(figure))
+    return as_number(row.get(figure))
 
 
 def claim_columns(claim: Claim) -> List[str]:
@@ -249,7 +219,7 @@ def values(rows: Iterable[Row], cell: Mapping[str, Any], figure: Any) -> List[Tu
     """(seed, figure) of every run of the cell that has the figure, one run one observation."""
     out = []
     for r in rows:
-        if _match(r, cell):
+        if in_cell(r, cell):
             v = figure_of(r, figure)
             if v is not None:
                 out.append((str(r.get(SEED_KEY, r.get("seed"))), v))
@@ -294,8 +264,8 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
         groups = {name: [v for _, v in values(rows, cell, fig)] for name, cell in s["groups"].items()}
         return rules.heterogeneity(groups, float(s["margin"]))
     if claim.rule == "target":
-        cell = sorted((r for r in rows if _match(r, s["a"])), key=lambda r: str(r.get(SEED_KEY, r.get("seed"))))
-        runs = [{c: _num(r.get(c)) for c in s["targets"]} for r in cell]
+        cell = sorted((r for r in rows if in_cell(r, s["a"])), key=lambda r: str(r.get(SEED_KEY, r.get("seed"))))
+        runs = [{c: as_number(r.get(c)) for c in s["targets"]} for r in cell]
         d = per_seed_target(runs, s["targets"])
         per_seed = "; ".join(", ".join("-" if v is None else f"{v:.3g}" for v in run.values()) for run in runs)
         return replace(d, note=f"per seed ({', '.join(s['targets'])}): {per_seed}")
@@ -306,7 +276,7 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
     if claim.rule == "near_chance":
         chance = s.get("chance")
         if chance is None:
-            found = [_num(r.get("chance")) for r in rows if _match(r, s["a"])]
+            found = [as_number(r.get("chance")) for r in rows if in_cell(r, s["a"])]
             found = [c for c in found if c is not None]
             chance = found[0] if found else math.nan
         return rules.near_chance([v for _, v in a], float(chance), float(s["margin"]))

@@ -16,11 +16,12 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
 
 from ..errors import UserError
 from . import rules
-from .claims import NOT_TESTED, Claim, claim_columns, decide_all, load_claims, reads_any, seeds_per_cell
+from .claims import (NOT_TESTED, SEED_KEY, Claim, Row, as_number, claim_columns, decide_all, figure_of, in_cell,
+                     load_claims)
 from .history import file_commits, rule_came, show
 from .spec import load_study
 from .stats import fmt_p
@@ -120,6 +121,37 @@ def _studyless(claim: Claim, root: Path) -> Tuple[str, str]:
         return f"{text} (paper: {paper:,} )".replace(" )", ")") if isinstance(paper, (int, float)) \
             else f"{text} (paper: {paper})", "accounting"
     return f"`{s['command']}`", f"needs {s['needs']}"
+
+
+# --------------------------------------------------------------- which runs a claim reads (history)
+def claim_cells(claim: Claim) -> List[Dict[str, Any]]:
+    """The cells whose runs a claim reads (none for a claim made of others)."""
+    s = claim.spec
+    cells = [s[k] for k in ("a", "b") if isinstance(s.get(k), dict)] + list((s.get("groups") or {}).values())
+    if claim.rule == "trend":
+        cells = [{s["axis"]: label, **side} for label in s["x"] for side in ([s.get("a", {})] + (
+            [s["b"]] if "b" in s else []))]
+    return cells
+
+
+def _has_figure(claim: Claim, row: Row) -> bool:
+    if claim.rule == "target":
+        return any(as_number(row.get(c)) is not None for c in claim.spec["targets"])
+    return figure_of(row, claim.spec.get("figure", "acc_T")) is not None
+
+
+def reads_any(claim: Claim, rows: Iterable[Row]) -> bool:
+    """Whether ``rows`` hold any run of the claim's cells with its figure (results it reads, decided or not)."""
+    cells = claim_cells(claim)
+    return any(_has_figure(claim, r) for r in rows if any(in_cell(r, c) for c in cells))
+
+
+def seeds_per_cell(claim: Claim, rows: Iterable[Row]) -> int:
+    """The most seeds any one of the claim's cells has with its figure among ``rows`` (0 for a claim made
+    of others)."""
+    rows = [r for r in rows if _has_figure(claim, r)]
+    return max((len({str(r.get(SEED_KEY, r.get("seed"))) for r in rows if in_cell(r, cell)})
+                for cell in claim_cells(claim)), default=0)
 
 
 def _decided_at(root: Path, study: Any, results: Path) -> Callable[[str], Tuple[list, Dict[str, rules.Decision]]]:
