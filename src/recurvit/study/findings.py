@@ -258,7 +258,7 @@ how many seeds would decide it at the observed effect and spread). A "no gain" c
 claim with a stated margin, so it can fail. The project's own targets are counted per seed (**target met
 in k of n seeds**), not tested on means. *Rule came* is read from git: **before** when the claim's rule
 (the claim with every key but its `data` and `label` descriptions) was committed before the first commit
-of the results it reads (the first commit whose results.csv holds runs of its cells that decide it, or
+of the results it reads (the first commit whose results.csv holds any run of its cells with its figure, or
 of an earlier file the claim names as having shown the same figures), **after** otherwise. Where seeds
 were added to a claim's cells after a verdict on fewer had been committed (for example where a report
 asked for them), the row says so: its p-value and interval then hold at their nominal level only."""

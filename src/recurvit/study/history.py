@@ -1,6 +1,6 @@
 """Whether a claim's rule came before its results, read from git: the commit that last changed the
 claim (in its study file) against the first commit that holds the results it reads (the results file,
-in it the columns of the claim's figure, and, with ``reads``, runs of the claim's cells that decide it)."""
+in it the columns of the claim's figure, and, with ``reads``, any run of the claim's cells)."""
 from __future__ import annotations
 
 import csv
@@ -83,8 +83,8 @@ def results_commit(root: Path, results_file: Path, columns: Sequence[str] = (),
     """The first commit that holds ``results_file`` ("worktree" when it is not committed yet); with
     ``columns``, the first commit whose copy of that CSV has every one of them in its header (a figure
     added to a study's results later, for example by a new evaluator, has results from then on); with
-    ``reads(commit)``, the first whose copy also holds what the claim reads (runs of its cells that decide
-    it: a file that has the columns but only other cells' runs holds none of its results yet)."""
+    ``reads(commit)``, the first whose copy also holds what the claim reads (a run of its cells, decided or
+    not: a file that has the columns but only other cells' runs holds none of its results yet)."""
     rel = str(results_file.resolve().relative_to(root.resolve()))
     log = _git(root, "log", "--format=%H", "--diff-filter=A", "--", rel)
     if log is None:
