@@ -174,7 +174,8 @@ def continuation(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.T
     right = right_cont = n = 0
     for x, y in batches:
         x, y = x.to(device), y.to(device)
-        zs = [model.embed(x), *model.iter_states(x, K)]
+        z0 = model.embed(x)  # the state before step 1, embedded once (iter_states would embed it again)
+        zs = [z0, *model.core.states(model.blocks, z0, K)]
         real, cont = (model.forward_head(model.norm(z), step=K) for z in (zs[-1], continued(zs[-3], zs[-2], zs[-1])))
         right += (real.argmax(-1) == y).sum().item()
         right_cont += (cont.argmax(-1) == y).sum().item()
