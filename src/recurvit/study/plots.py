@@ -22,6 +22,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
 PERCENT = PercentFormatter(xmax=1.0, decimals=0)  # accuracies are stored as fractions, shown in % as the tables
+# (caption, file) of horizon() and of epochs() at its default label: a report rebuilt without the run
+# directories keeps these plots, drawn earlier, under the same names
+HORIZON = ("accuracy against test-time steps", "acc_vs_steps.png")
+EPOCHS = ("test accuracy against epoch", "acc_vs_epoch.png")
 
 
 def _percent(ax, *which: str) -> None:
@@ -101,8 +105,8 @@ def horizon(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) ->
     _percent(ax)
     ax.grid(alpha=0.3)
     _legend(ax, fontsize=6, ncol=2)
-    ax.set_title(f"{name}: accuracy against test-time steps", fontsize=9)
-    return "accuracy against test-time steps", _save(fig, out / "acc_vs_steps.png")
+    ax.set_title(f"{name}: {HORIZON[0]}", fontsize=9)
+    return HORIZON[0], _save(fig, out / HORIZON[1])
 
 
 def epochs(cells: List[Dict[str, Any]], out: Path, name: str, key: str = "curve",
@@ -120,7 +124,7 @@ def epochs(cells: List[Dict[str, Any]], out: Path, name: str, key: str = "curve"
     ax.grid(alpha=0.3)
     _legend(ax, fontsize=6, ncol=2)
     ax.set_title(f"{name}: {ylabel} against epoch", fontsize=9)
-    return f"{ylabel} against epoch", _save(fig, out / "acc_vs_epoch.png")
+    return f"{ylabel} against epoch", _save(fig, out / EPOCHS[1])
 
 
 def frontier(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) -> Tuple[str, str]:

@@ -190,12 +190,12 @@ def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str
     # alone (run directories gone) keeps the plots drawn from them beside it
     if any(len(c["horizon"]) > 1 for c in cs):
         made.append(plots.horizon(cs, out_dir, study.name, chance))
-    elif (out_dir / "acc_vs_steps.png").is_file():
-        made.append(("accuracy against test-time steps", "acc_vs_steps.png"))
+    elif (out_dir / plots.HORIZON[1]).is_file():
+        made.append(plots.HORIZON)
     if any(c["curve"] for c in cs):
         made.append(plots.epochs(cs, out_dir, study.name))
-    elif (out_dir / "acc_vs_epoch.png").is_file():
-        made.append(("test accuracy against epoch", "acc_vs_epoch.png"))
+    elif (out_dir / plots.EPOCHS[1]).is_file():
+        made.append(plots.EPOCHS)
     if study.frontier:
         made.append(plots.frontier(cs, out_dir, study.name, chance))
     axes = study.cell_axes()
