@@ -7,7 +7,7 @@ import torch
 
 from recurvit import create_model
 from recurvit.analysis.cka import CKAAccumulator, linear_cka
-from recurvit.analysis.per_step import analyze_model, continuation, continued
+from recurvit.analysis.per_step import analyze_model, continuation, continued, step_specific_part, step_specificity
 from recurvit.analysis.probe import Intervention, StepProbe, calls_per_step
 from recurvit.cli import main
 from conftest import TINY
@@ -210,6 +210,41 @@ def test_the_continued_path_reads_the_continued_state(monkeypatch):
     monkeypatch.setattr(per_step, "continued", lambda z_before, z_prev, z_last: z_prev)
     res = continuation(model, batches)
     assert res["acc_continued"] == 1.0 and res["acc_T"] < 1.0  # T's own answers differ on some images
+
+
+# ------------------------------------------------------------------ step-specific pruning, split in half
+def test_the_step_specific_part_is_zero_for_the_same_units_in_the_same_proportions_at_every_step():
+    torch.manual_seed(0)
+    a, b, c = (torch.rand(5, 1) + 0.1).double(), torch.randn(1, 7).double(), torch.randn(5, 1).double()
+    assert step_specific_part(a * b + c).abs().max() < 1e-9  # each step a rescaled, shifted copy of one profile
+    swapped = a * b + c
+    swapped[2] = swapped[2].flip(0)  # step 3 needs the units in another order
+    part = step_specific_part(swapped)
+    assert part.abs().max() > 0.5 and part.sum(0).abs().max() < 1e-9  # centred over steps, unit by unit
+
+
+def test_split_half_pruning_maps_agree_with_the_full_pruning_map_and_identical_halves_correlate_fully():
+    """Every image twice in a row: the even and the odd images are the same images, so the two halves'
+    maps are equal (r = 1); the combined map is analyze_model's pruning map of the same units."""
+    torch.manual_seed(0)
+    m = _model("recurrent")
+    with torch.no_grad():
+        for p in m.blocks.parameters():
+            p.mul_(4)  # a block whose steps and units change the answers
+        x = _x(24)
+        y = m(x, steps=2).argmax(-1)  # labels the full model gets partly right
+    x2, y2 = x.repeat_interleave(2, 0), y.repeat_interleave(2, 0)
+    res = step_specificity(m, [(x2[:20], y2[:20]), (x2[20:], y2[20:])], mlp_slices=4)
+    assert res["images"] == 48 and res["units"] == ["head0", "head1", "head2", "mlp0", "mlp1", "mlp2", "mlp3"]
+    assert res["split_half_r"] == pytest.approx(1.0)
+    full = analyze_model(m, [(x, y)], what=["pruning"], mlp_slices=4)["pruning"]
+    by_hand = [[next(r["drop"] for r in full["heads"] if (r["step"], r["head"]) == (t, h)) for h in range(3)]
+               + [next(r["drop"] for r in full["mlp"] if (r["step"], r["slice"]) == (t, j)) for j in range(4)]
+               for t in range(1, 5)]
+    assert torch.allclose(torch.tensor(res["drops"], dtype=torch.float64), torch.tensor(by_hand, dtype=torch.float64), atol=1e-12)
+    assert torch.tensor(res["drops"]).abs().max() > 0  # the masks change answers: the test can tell
+    with pytest.raises(ValueError, match="at least 4 images"):
+        step_specificity(m, [(x[:3], y[:3])])
 
 
 # ------------------------------------------------------------------------------------------ CLI

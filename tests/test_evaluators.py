@@ -243,3 +243,33 @@ def test_a_study_builds_on_another_studys_runs(tmp_path, monkeypatch):
         (tmp_path / "bad.yaml").write_text("name: b\ntask: finetune\nfrom: {study: src.yaml, only: {regime: [x]}}\n"
                                            "grid:\n  method:\n    head: {finetune.method: head}\n")
         load_study(tmp_path / "bad.yaml")
+
+
+def test_the_per_step_evaluators_record_their_figures_from_the_analyses(tmp_path):
+    """per_step, continuation and step_pruning in a study: each run's columns are the analyses' own
+    figures on its first test images (re-run here on the loaded run), only in the cells named."""
+    from recurvit.analysis.per_step import continuation, step_specificity
+    from recurvit.study.evaluators import Evaluated
+
+    study = _study(tmp_path, "  max_steps_factor: 1\n  per_step: {images: 64}\n  continuation: {images: 64}\n"
+                             "  step_pruning: {images: 256, mlp_slices: 4, only: {regime: [a]}}")
+    (tmp_path / "base.yaml").write_text(BASE.replace("epochs: 1, batch_size: 256", "epochs: 4, batch_size: 64, lr: 3.0e-3"))
+    study = load_study(tmp_path / "s.yaml")  # trained a little longer: masks that change some answers
+    rows = {r["run_id"]: r for r in run_study(study, tmp_path / "runs", progress=False, log=lambda *a: None)}
+    a, b = rows["a__seed=0"], rows["b__seed=0"]
+    assert all("error" not in r for r in rows.values())
+    assert "prune_split_r" in a and "prune_split_r" not in b and "continue_drop_T" in b
+    p = a["step_pruning"]
+    assert p["images"] == 256 and p["steps"] == 3 and p["units"] == ["head0", "head1", "mlp0", "mlp1", "mlp2", "mlp3"]
+    assert len(p["drops"]) == 3 and all(len(row) == 6 for row in p["drops"]) and -1 <= a["prune_split_r"] <= 1
+    assert len(a["per_step"]["skip_drop"]) == 3 and a["skip_drop_T"] == a["per_step"]["skip_drop"][-1]
+    from recurvit.runtime import build_test_loader
+    from recurvit.train.checkpoint import load_model_and_config
+
+    out = tmp_path / "runs" / "runs" / "a__seed=0"
+    model, cfg = load_model_and_config(out / "last.pt")
+    loader, info = build_test_loader(cfg)
+    run = Evaluated(model.eval(), cfg, out, torch.device("cpu"), loader, info)
+    batches = classify_eval.first_images(run, 64)
+    assert a["continue_drop_T"] == continuation(run.model, batches, device=run.device)["drop"]
+    assert p == step_specificity(run.model, classify_eval.first_images(run, 256), mlp_slices=4, device=run.device)

@@ -182,3 +182,60 @@ def continuation(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.T
         n += len(y)
     acc, acc_c = right / n, right_cont / n
     return {"acc_T": acc, "acc_continued": acc_c, "drop": acc - acc_c, "images": n}
+
+
+# ------------------------------------------------------------------ step-specific pruning, split in half
+def step_specific_part(drops: torch.Tensor) -> torch.Tensor:
+    """The part of a (steps, units) pruning map that says WHICH unit matters at which step: each step's row
+    standardised across units (how much the step matters overall, in offset and scale, removed), then the
+    mean row over steps subtracted (how much each unit matters at every step removed). Exactly zero for
+    ``drops[t, u] = a[t] * b[u] + c[t]`` with every ``a[t] > 0``: the same units, in the same proportions, at
+    every step."""
+    d = drops.double()
+    z = (d - d.mean(1, keepdim=True)) / d.std(1, keepdim=True).clamp_min(1e-12)
+    return z - z.mean(0, keepdim=True)
+
+
+@torch.no_grad()
+def step_specificity(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.Tensor]],
+                     mlp_slices: int = 8, steps: Optional[int] = None, device: Optional[torch.device] = None) -> dict:
+    """Step-specific pruning that can fail: the accuracy lost when one unit (an attention head, or one of
+    ``mlp_slices`` equal slices of the MLP's hidden units) is masked at one step only, on the even and on
+    the odd images separately; ``split_half_r`` is the correlation of the two halves'
+    :func:`step_specific_part`. About zero when the units matter in the same proportions at every step and
+    what differs is image noise; positive when which unit matters at which step is reproduced on new images.
+    Returns {"split_half_r", "drops" (steps x units, all images), "units", "steps", "images"}."""
+    model.eval()
+    device = device or next(model.parameters()).device
+    K = model.core.check_steps(steps)
+    H = model.blocks[0].attn.num_heads
+    if mlp_slices > model.blocks[0].mlp.fc1.out_features:
+        raise ValueError(f"cannot cut {model.blocks[0].mlp.fc1.out_features} MLP hidden units into {mlp_slices} slices")
+    units = [("head", h, 1) for h in range(H)] + [("mlp", j, mlp_slices) for j in range(mlp_slices)]
+    n = sum(len(y) for _, y in batches)
+    if n < 4:
+        raise ValueError(f"the split-half pruning map needs at least 4 images, got {n}")
+
+    def right_per_half(probe: StepProbe) -> torch.Tensor:  # correct answers on the even / odd images
+        out, i0 = torch.zeros(2, dtype=torch.float64), 0
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            ok = (model.forward_head(model.norm(probe.states(x, K)[-1]), step=K).argmax(-1) == y).cpu()
+            odd = (torch.arange(i0, i0 + len(y)) % 2).bool()
+            out += torch.stack([ok[~odd].sum(), ok[odd].sum()]).double()
+            i0 += len(y)
+        return out
+
+    halves = torch.tensor([(n + 1) // 2, n // 2], dtype=torch.float64)
+    with StepProbe(model) as probe:
+        base = right_per_half(probe)
+        drops = torch.zeros(2, K, len(units), dtype=torch.float64)
+        for t in range(1, K + 1):
+            for u, (kind, index, slices) in enumerate(units):
+                with probe.intervene(Intervention(kind, t, index, slices)):
+                    drops[:, t - 1, u] = (base - right_per_half(probe)) / halves
+    a, b = (step_specific_part(d).flatten() for d in drops)
+    r = torch.corrcoef(torch.stack([a, b]))[0, 1].item() if a.norm() > 0 and b.norm() > 0 else math.nan
+    full = (drops * halves[:, None, None]).sum(0) / n
+    return {"split_half_r": r, "drops": full.tolist(), "units": [f"{k}{i}" for k, i, _ in units],
+            "steps": K, "images": n}

@@ -113,6 +113,23 @@ class Continuation(Evaluator):
         return {"continuation": res, "continue_drop_T": res["drop"]}
 
 
+class StepPruning(Evaluator):
+    """Step-specific pruning (:func:`recurvit.analysis.per_step.step_specificity`): ``prune_split_r``, the
+    correlation between the even and the odd test images' step-specific part of the pruning map (one head
+    or one of ``mlp_slices`` MLP hidden slices masked at one step), on the first ``images`` test images."""
+
+    name = "step_pruning"
+    defaults = {"images": 2000, "mlp_slices": 8}
+    columns = ("prune_split_r",)
+
+    def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
+        from ..analysis.per_step import step_specificity
+
+        res = step_specificity(run.model, first_images(run, options["images"]), mlp_slices=options["mlp_slices"],
+                               device=run.device)
+        return {"step_pruning": res, "prune_split_r": res["split_half_r"]}
+
+
 def first_images(run: Evaluated, images: int) -> list:
     """The first ``images`` test images of a run as (x, y) batches (the test loader does not shuffle)."""
     batches, n = [], 0
@@ -183,4 +200,4 @@ class Exit(Evaluator):
                 "exit_calibration_steps": per[chosen]["calibration"]["mean_steps"]}
 
 
-EVALUATORS = {e.name: e for e in (Horizon(), Variants(), PerStep(), Continuation(), Exit())}
+EVALUATORS = {e.name: e for e in (Horizon(), Variants(), PerStep(), Continuation(), StepPruning(), Exit())}
