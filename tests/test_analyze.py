@@ -267,6 +267,7 @@ def test_analyze_cli_writes_every_output(tiny_run, tmp_path, capsys):
     assert names <= {p.name for p in out.iterdir()}
     assert s["images"] == 40 and s["steps"] == 3 and s["calls_per_step"] == {"1": 1, "2": 1, "3": 1}
     assert -1 <= s["continue_drop"] <= 1  # the fixed-point control is part of the pruning analyses
+    assert "split_half_r" in s and (s["split_half_r"] is None or -1 <= s["split_half_r"] <= 1)  # step_pruning's figure
     assert (out / "attention.csv").read_text().splitlines()[0] == "step,head,entropy,distance,calls"
     assert len((out / "pruning_heads.csv").read_text().splitlines()) == 1 + 3 * 3
     assert (out / "pruning.png").stat().st_size > 1000

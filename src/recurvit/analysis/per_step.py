@@ -58,6 +58,7 @@ def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.
     att_weight = torch.zeros(K, dtype=torch.float64)
     cka_tok, cka_pool = CKAAccumulator(), CKAAccumulator()
     base_final_correct = 0
+    base_halves = torch.zeros(2, dtype=torch.float64)  # right answers at step K on the even / odd images
     with StepProbe(model, attention="attention" in what, features="cka" in what) as probe:
         # the base pass (also gives pruning its unmasked accuracy)
         for x, y in _progress(batches, progress, "base pass"):
@@ -71,6 +72,7 @@ def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.
                 correct[k] += (logits[k].argmax(-1) == y).sum().item()
                 loss[k] += F.cross_entropy(logits[k].float(), y, reduction="sum").item()
             base_final_correct += (logits[-1].argmax(-1) == y).sum().item()
+            base_halves += _per_half(logits[-1].argmax(-1) == y, n)
             prev = z0
             norm_sum[0] += z0.float().norm(dim=-1).mean(-1).sum().item()
             for k, z in enumerate(zs):
@@ -121,22 +123,35 @@ def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.
             jobs += [("mlp", Intervention("mlp", k, j, S)) for k in steps_col for j in range(S)]
             jobs += [("skip", Intervention("skip", k)) for k in steps_col]
             probe.attention = probe.features = False
+            halves = torch.tensor([(n + 1) // 2, n // 2], dtype=torch.float64)
+            split = torch.zeros(2, K, H + S, dtype=torch.float64)  # heads' and MLP slices' drops, per half
             for key, iv in _progress(jobs, progress, "pruning"):
-                right = 0
+                right, i0, right_halves = 0, 0, torch.zeros(2, dtype=torch.float64)
                 with probe.intervene(iv):
                     for x, y in batches:
                         x, y = x.to(device), y.to(device)
                         zs = probe.states(x, K)
-                        logits = model.forward_head(model.norm(zs[-1]), step=K)
-                        right += (logits.argmax(-1) == y).sum().item()
+                        ok = model.forward_head(model.norm(zs[-1]), step=K).argmax(-1) == y
+                        right += ok.sum().item()
+                        right_halves += _per_half(ok, i0)
+                        i0 += len(y)
                 acc = right / n
                 row = {"step": iv.step, "accuracy": acc, "drop": base - acc}
                 if key == "heads":
                     row["head"] = iv.index
                 elif key == "mlp":
                     row["slice"] = iv.index
+                if key != "skip":
+                    split[:, iv.step - 1, iv.index + (H if key == "mlp" else 0)] = (base_halves - right_halves) / halves
                 res["pruning"][key].append(row)
+            res["pruning"]["split_half_r"] = split_half_r(split) if n >= 4 else math.nan
     return res
+
+
+def _per_half(ok: torch.Tensor, i0: int) -> torch.Tensor:
+    """(right answers on the even, on the odd images) of a batch whose first image is image ``i0``."""
+    odd = (torch.arange(i0, i0 + len(ok), device=ok.device) % 2).bool()
+    return torch.stack([ok[~odd].sum(), ok[odd].sum()]).double().cpu()
 
 
 def _progress(items, on: bool, desc: str):
@@ -196,7 +211,13 @@ def step_specific_part(drops: torch.Tensor) -> torch.Tensor:
     return z - z.mean(0, keepdim=True)
 
 
-@torch.no_grad()
+def split_half_r(drops: torch.Tensor) -> float:
+    """The correlation of the two halves' :func:`step_specific_part` of a (2, steps, units) pruning map
+    (nan where a half's part is zero: no mask changed an answer in a way that differs by step)."""
+    a, b = (step_specific_part(d).flatten() for d in drops)
+    return torch.corrcoef(torch.stack([a, b]))[0, 1].item() if a.norm() > 0 and b.norm() > 0 else math.nan
+
+
 def step_specificity(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.Tensor]],
                      mlp_slices: int = 8, steps: Optional[int] = None, device: Optional[torch.device] = None) -> dict:
     """Step-specific pruning that can fail: the accuracy lost when one unit (an attention head, or one of
@@ -205,37 +226,16 @@ def step_specificity(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, tor
     :func:`step_specific_part`. About zero when the units matter in the same proportions at every step and
     what differs is image noise; positive when which unit matters at which step is reproduced on new images.
     Returns {"split_half_r", "drops" (steps x units, all images), "units", "steps", "images"}."""
-    model.eval()
-    device = device or next(model.parameters()).device
-    K = model.core.check_steps(steps)
-    H = model.blocks[0].attn.num_heads
-    if mlp_slices > model.blocks[0].mlp.fc1.out_features:
-        raise ValueError(f"cannot cut {model.blocks[0].mlp.fc1.out_features} MLP hidden units into {mlp_slices} slices")
-    units = [("head", h, 1) for h in range(H)] + [("mlp", j, mlp_slices) for j in range(mlp_slices)]
     n = sum(len(y) for _, y in batches)
     if n < 4:
         raise ValueError(f"the split-half pruning map needs at least 4 images, got {n}")
-
-    def right_per_half(probe: StepProbe) -> torch.Tensor:  # correct answers on the even / odd images
-        out, i0 = torch.zeros(2, dtype=torch.float64), 0
-        for x, y in batches:
-            x, y = x.to(device), y.to(device)
-            ok = (model.forward_head(model.norm(probe.states(x, K)[-1]), step=K).argmax(-1) == y).cpu()
-            odd = (torch.arange(i0, i0 + len(y)) % 2).bool()
-            out += torch.stack([ok[~odd].sum(), ok[odd].sum()]).double()
-            i0 += len(y)
-        return out
-
-    halves = torch.tensor([(n + 1) // 2, n // 2], dtype=torch.float64)
-    with StepProbe(model) as probe:
-        base = right_per_half(probe)
-        drops = torch.zeros(2, K, len(units), dtype=torch.float64)
-        for t in range(1, K + 1):
-            for u, (kind, index, slices) in enumerate(units):
-                with probe.intervene(Intervention(kind, t, index, slices)):
-                    drops[:, t - 1, u] = (base - right_per_half(probe)) / halves
-    a, b = (step_specific_part(d).flatten() for d in drops)
-    r = torch.corrcoef(torch.stack([a, b]))[0, 1].item() if a.norm() > 0 and b.norm() > 0 else math.nan
-    full = (drops * halves[:, None, None]).sum(0) / n
-    return {"split_half_r": r, "drops": full.tolist(), "units": [f"{k}{i}" for k, i, _ in units],
-            "steps": K, "images": n}
+    p = analyze_model(model, batches, ("pruning",), steps=steps, mlp_slices=mlp_slices, device=device)["pruning"]
+    K = max(r["step"] for r in p["heads"])
+    H = max(r["head"] for r in p["heads"]) + 1
+    drops = [[0.0] * (H + mlp_slices) for _ in range(K)]
+    for r in p["heads"]:
+        drops[r["step"] - 1][r["head"]] = r["drop"]
+    for r in p["mlp"]:
+        drops[r["step"] - 1][H + r["slice"]] = r["drop"]
+    return {"split_half_r": p["split_half_r"], "drops": drops,
+            "units": [f"head{h}" for h in range(H)] + [f"mlp{j}" for j in range(mlp_slices)], "steps": K, "images": n}

@@ -4,9 +4,8 @@ untouched.
 """
 from __future__ import annotations
 
-import math
-
 import csv
+import math
 from pathlib import Path
 from typing import List, Sequence
 
@@ -62,6 +61,8 @@ def summarize(res: dict) -> dict:
             out[f"{key}_drop_range_per_unit"] = [round(max(r["drop"] for r in rows if r[idx] == u)
                                                        - min(r["drop"] for r in rows if r[idx] == u), 4) for u in units]
         out["skip_drop"] = [round(r["drop"], 4) for r in p["skip"]]
+        if "split_half_r" in p:  # step-specific pruning, reproduced between even and odd images?
+            out["split_half_r"] = None if math.isnan(p["split_half_r"]) else round(p["split_half_r"], 4)
         if "continuation" in p:  # the fixed-point control (analysis.per_step.continuation)
             out["continue_drop"] = round(p["continuation"]["drop"], 4)
     return out

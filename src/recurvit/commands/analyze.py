@@ -16,7 +16,8 @@ def add_parser(sub):
                     "every pair of steps; 'emb' = the embedding), pruning_heads.csv / pruning_mlp.csv / "
                     "pruning_skip.csv / pruning.png (accuracy drop when one head, one MLP hidden slice, or the "
                     "whole block is masked at ONE step; with it, the fixed-point control: the accuracy lost when "
-                    "the last step's update is replaced by the previous update continued), summary.json. A stack "
+                    "the last step's update is replaced by the previous update continued, and the split-half "
+                    "correlation of the map's step-specific part, even against odd images), summary.json. A stack "
                     "ViT is analysed layer by layer.")
     p.add_argument("run", type=Path, help="run directory or checkpoint (finetuned runs included)")
     p.add_argument("--what", default="readout,norms,attention,cka,pruning",
@@ -102,6 +103,9 @@ def run(args) -> int:
               f"(-{t['drop']:.3f}); worst MLP slice: step {summary['mlp_top']['step']} slice "
               f"{summary['mlp_top']['slice']} (-{summary['mlp_top']['drop']:.3f}); skip drops "
               f"{' '.join(f'{d:.3f}' for d in summary['skip_drop'])}")
+    if summary.get("split_half_r") is not None:
+        print(f"  step-specific pruning map, split-half correlation (even vs odd images; ~0: the same units "
+              f"in the same proportions at every step): {summary['split_half_r']:+.3f}")
     if "continue_drop" in summary:
         print(f"  last step continued from the previous one (fixed-point control): -{summary['continue_drop']:.3f}")
     print(f"  wrote {len(files)} files to {out}")
