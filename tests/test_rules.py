@@ -193,6 +193,8 @@ def test_trend_seeds_needed_brute_force():
 
 def test_trend_not_measured():
     assert trend([1, 2], [0.1, 0.2]).verdict == NOT_MEASURED  # no residual degrees of freedom
+    two_x = trend([1, 1, 1, 2, 2, 2], [0.50, 0.51, 0.52, 0.60, 0.61, 0.62])  # a clear difference, but of two x
+    assert two_x.verdict == NOT_MEASURED and "3 distinct x" in two_x.note
     assert trend([3, 3, 3], [0.1, 0.2, 0.3]).verdict == NOT_MEASURED  # one distinct x
     assert trend([1, 2, 3], [0.1, None, math.nan]).verdict == NOT_MEASURED
     with pytest.raises(ValueError):

@@ -220,7 +220,8 @@ def equivalence(a: Sequence[Optional[float]], b: Sequence[Optional[float]], marg
 def trend(x: Sequence[float], y: Sequence[Optional[float]], side: int = 1, log2_x: bool = False) -> Decision:
     """Claim "y rises (``side=+1``) / falls (-1) with x": the least-squares slope of y over x (``log2_x``: over
     log2 x, i.e. per doubling), every observation one point (as scipy.stats.linregress). 95% t-interval
-    (n - 2 degrees of freedom), verdict as :func:`superiority` on the slope, p two-sided.
+    (n - 2 degrees of freedom), verdict as :func:`superiority` on the slope, p two-sided. Not measured below
+    3 distinct x: through two x values the slope is only their difference, which says nothing of a trend.
 
     seeds_needed: repetitions of the design (each distinct x once, i.e. seeds per x) at which the slope's
     interval half-width would be below |slope|, at the observed residual spread: the slope's standard error
@@ -237,8 +238,8 @@ def trend(x: Sequence[float], y: Sequence[Optional[float]], side: int = 1, log2_
             raise ValueError("log2_x needs x > 0")
         pts = [(math.log2(u), v) for u, v in pts]
     n = (len(pts),)
-    if len(pts) < 3 or len({u for u, _ in pts}) < 2:
-        return _not_measured(n, "fewer than 3 points or fewer than 2 distinct x")
+    if len({u for u, _ in pts}) < 3:  # through two x values a slope is their difference, not a trend
+        return _not_measured(n, "fewer than 3 distinct x (with two, a slope is only their difference)")
     xs, ys = np.array([u for u, _ in pts]), np.array([v for _, v in pts])
     fit = ols_contrast(np.column_stack([np.ones_like(xs), xs]), ys, [0.0, 1.0])
     if math.isnan(fit["diff"]):
