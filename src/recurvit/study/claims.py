@@ -23,7 +23,8 @@ Rule kinds and their keys (margins are in the figure's own units: accuracy as a 
   With ``b`` left out, ``a``'s values are themselves differences (a per-run figure such as
   ``variant_refine_h/4 - acc_T``), tested against 0.
 - ``trend`` (``axis``, ``x``: label -> number, optional ``log2``; ``a`` and, for a paired gap a − b at
-  each x, ``b`` with ``paired: true``): the least-squares slope over x, every run one point.
+  each x, ``b`` with ``paired: true``): the least-squares slope over x, every run one point; not measured
+  below 3 distinct x.
 - ``near_chance`` (``a``, ``margin``, optional ``chance``, else the rows' ``chance`` column).
 - ``heterogeneity`` (``groups``: name -> cells, ``margin``): the groups' means are not all equal.
 - ``target`` (``a``, ``targets``: column -> ``{max: v}`` or ``{min: v}``): a project's own target, met
