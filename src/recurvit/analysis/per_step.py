@@ -29,7 +29,7 @@ def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.
 
     Keys: ``readout`` {step, accuracy, loss}, ``norms`` {step, state_norm, rel_update},
     ``attention`` rows {step, head, entropy, distance, calls}, ``cka`` {labels, tokens, pooled},
-    ``pruning`` {heads, mlp, skip, base_acc}, and ``meta``.
+    ``pruning`` {heads, mlp, skip, base_acc, split_half_r (see :func:`step_specificity`)}, and ``meta``.
     """
     unknown = sorted(set(what) - set(ANALYSES))
     if unknown:
