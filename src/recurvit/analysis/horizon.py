@@ -54,7 +54,8 @@ FACTORS = (1, 2, 4, 8, 16, 32, 64)  # acc@kT reported for these k (when the swee
 
 def summarize(sweep: Dict[str, List[float]], trained: int) -> Dict[str, Optional[float]]:
     """Accuracy at k x T for k in FACTORS (None where the sweep stops earlier), the mean accuracy
-    over steps T..4T (None unless the sweep reaches 4T), and the best step."""
+    over steps T..4T (None unless the sweep reaches 4T). No "best step": the sweep reads the test split, and a
+    step count picked as its argmax would be chosen on the test split."""
     acc = dict(zip(sweep["step"], sweep["accuracy"]))
     K = max(sweep["step"])
     # beyond-horizon figures exist only where the model runs past T (a stack or SoftMoR stops at T)
@@ -63,8 +64,6 @@ def summarize(sweep: Dict[str, List[float]], trained: int) -> Dict[str, Optional
     for k in FACTORS:
         out[f"acc_{'' if k == 1 else k}T"] = acc.get(k * trained)
     out["acc_mean_T_4T"] = sum(window) / len(window) if window else None
-    out["best_step"] = max(acc, key=acc.get)
-    out["best_acc"] = max(acc.values())
     return out
 
 
