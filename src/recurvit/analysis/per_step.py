@@ -57,7 +57,6 @@ def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.
     att_calls = torch.zeros(K, dtype=torch.float64)
     att_weight = torch.zeros(K, dtype=torch.float64)
     cka_tok, cka_pool = CKAAccumulator(), CKAAccumulator()
-    base_final_correct = 0
     base_halves = torch.zeros(2, dtype=torch.float64)  # right answers at step K on the even / odd images
     with StepProbe(model, attention="attention" in what, features="cka" in what) as probe:
         # the base pass (also gives pruning its unmasked accuracy)
@@ -71,7 +70,6 @@ def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.
             for k in range(K):
                 correct[k] += (logits[k].argmax(-1) == y).sum().item()
                 loss[k] += F.cross_entropy(logits[k].float(), y, reduction="sum").item()
-            base_final_correct += (logits[-1].argmax(-1) == y).sum().item()
             base_halves += _per_half(logits[-1].argmax(-1) == y, n)
             prev = z0
             norm_sum[0] += z0.float().norm(dim=-1).mean(-1).sum().item()
@@ -117,7 +115,7 @@ def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.
             res["cka"] = {"labels": ["emb"] + [str(k) for k in steps_col],
                           "tokens": cka_tok.matrix().tolist(), "pooled": cka_pool.matrix().tolist()}
         if "pruning" in what:
-            base = base_final_correct / n
+            base = base_halves.sum().item() / n
             res["pruning"] = {"base_acc": base, "heads": [], "mlp": [], "skip": []}
             jobs = [("heads", Intervention("head", k, h)) for k in steps_col for h in range(H)]
             jobs += [("mlp", Intervention("mlp", k, j, S)) for k in steps_col for j in range(S)]
@@ -126,16 +124,15 @@ def analyze_model(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, torch.
             halves = torch.tensor([(n + 1) // 2, n // 2], dtype=torch.float64)
             split = torch.zeros(2, K, H + S, dtype=torch.float64)  # heads' and MLP slices' drops, per half
             for key, iv in _progress(jobs, progress, "pruning"):
-                right, i0, right_halves = 0, 0, torch.zeros(2, dtype=torch.float64)
+                i0, right_halves = 0, torch.zeros(2, dtype=torch.float64)
                 with probe.intervene(iv):
                     for x, y in batches:
                         x, y = x.to(device), y.to(device)
                         zs = probe.states(x, K)
                         ok = model.forward_head(model.norm(zs[-1]), step=K).argmax(-1) == y
-                        right += ok.sum().item()
                         right_halves += _per_half(ok, i0)
                         i0 += len(y)
-                acc = right / n
+                acc = right_halves.sum().item() / n  # counts: exact in float64
                 row = {"step": iv.step, "accuracy": acc, "drop": base - acc}
                 if key == "heads":
                     row["head"] = iv.index
@@ -229,9 +226,8 @@ def step_specificity(model: nn.Module, batches: Sequence[Tuple[torch.Tensor, tor
     n = sum(len(y) for _, y in batches)
     if n < 4:
         raise ValueError(f"the split-half pruning map needs at least 4 images, got {n}")
-    p = analyze_model(model, batches, ("pruning",), steps=steps, mlp_slices=mlp_slices, device=device)["pruning"]
-    K = max(r["step"] for r in p["heads"])
-    H = max(r["head"] for r in p["heads"]) + 1
+    res = analyze_model(model, batches, ("pruning",), steps=steps, mlp_slices=mlp_slices, device=device)
+    p, K, H = res["pruning"], res["meta"]["steps"], res["meta"]["heads"]
     drops = [[0.0] * (H + mlp_slices) for _ in range(K)]
     for r in p["heads"]:
         drops[r["step"] - 1][r["head"]] = r["drop"]
