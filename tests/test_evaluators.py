@@ -90,7 +90,10 @@ def test_bad_evaluator_entries_are_one_line_errors(tmp_path):
                          ("  per_step: {only: {regime: [c]}}", "names c, which are not labels of 'regime'"),
                          ("  per_step: {only: {width: [a]}}", "names axis 'width'"),
                          ("  variants: {x: {methdo: rk4}}", "methdo, an option of no core"),
-                         ("  max_steps_factor: 0", "max_steps_factor must be an integer >= 1")]:
+                         ("  max_steps_factor: 0", "max_steps_factor must be an integer >= 1"),
+                         ("  step_pruning: {images: 3}", "images must be an integer >= 4, got 3"),
+                         ("  step_pruning: {mlp_slices: 2.5}", "mlp_slices must be an integer >= 1, got 2.5"),
+                         ("  continuation: {images: 0}", "images must be an integer >= 1, got 0")]:
         with pytest.raises(UserError, match=words.replace("(", r"\(").replace(")", r"\)")):
             _study(tmp_path, lines)
 

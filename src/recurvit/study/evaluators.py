@@ -53,6 +53,7 @@ class Evaluator:
     free_form: ClassVar[bool] = False  # options are a mapping of the user's own names (variants)
     columns: ClassVar[tuple] = ()  # the scalar columns it adds, written to results.csv where a run has them
     default: ClassVar[bool] = False  # runs for every study of its task, named in eval: or not
+    minimum: ClassVar[Dict[str, int]] = {}  # integer options and the least value each may take
 
     def check(self, options: Mapping[str, Any], where: str) -> Dict[str, Any]:
         """The options with their defaults filled in; UserError naming ``where`` for a bad one."""
@@ -64,7 +65,12 @@ class Evaluator:
         if unknown:
             raise UserError(f"{where}: {self.name} has no option {', '.join(unknown)} "
                             f"(its options: {', '.join(self.defaults) or 'none'}, and only)")
-        return {**copy.deepcopy(self.defaults), **options}
+        opts = {**copy.deepcopy(self.defaults), **options}
+        for key, least in self.minimum.items():
+            v = opts[key]
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                raise UserError(f"{where}: {key} must be an integer >= {least}, got {v!r}")
+        return opts
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
         """The columns this evaluator adds to the run's result row."""

@@ -29,16 +29,8 @@ from ..study.evaluators import Evaluated, Evaluator
 class Horizon(Evaluator):
     name = "horizon"
     defaults = {"max_steps_factor": 4}
+    minimum = {"max_steps_factor": 1}
     default = True  # every classification study sweeps the horizon (to T at least)
-
-    def check(self, options, where):
-        opts = super().check(options, where)
-        f = opts["max_steps_factor"]
-        if not isinstance(f, int) or isinstance(f, bool) or f < 1:
-            from ..errors import UserError
-
-            raise UserError(f"{where}: max_steps_factor must be an integer >= 1, got {f!r}")
-        return opts
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
         from ..analysis.horizon import horizon_sweep, summarize
@@ -87,6 +79,7 @@ class Variants(Evaluator):
 class PerStep(Evaluator):
     name = "per_step"
     defaults = {"images": 2000}
+    minimum = {"images": 1}
     columns = ("skip_drop_T", "skip_drop_mean", "rel_update_T", "rel_update_ratio", "cka_last_pair", "readout_gain_T")
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -104,6 +97,7 @@ class Continuation(Evaluator):
 
     name = "continuation"
     defaults = {"images": 2000}
+    minimum = {"images": 1}
     columns = ("continue_drop_T",)
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -120,6 +114,7 @@ class StepPruning(Evaluator):
 
     name = "step_pruning"
     defaults = {"images": 2000, "mlp_slices": 8}
+    minimum = {"images": 4, "mlp_slices": 1}  # two halves of at least two images
     columns = ("prune_split_r",)
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
