@@ -439,3 +439,19 @@ def test_a_report_rebuilt_from_its_table_keeps_the_variant_table_and_the_curve_p
 
     write_report(rows_from_csv(study.results / "results.csv", study), study, study.results)
     assert (study.results / "report.md").read_text() == before
+
+
+def test_the_time_estimate_reads_each_runs_own_cost_per_cell():
+    """A run copied in and evaluated here has a wall time of seconds; its training time is its cost. A run
+    to do is priced at its own cell's finished runs, and at the mean of all where its cell has none."""
+    from recurvit.study.workers import estimate
+
+    done = [{"width": "w32", "train.seed": "0", "train_seconds": 1000.0, "eval_seconds": 0.0, "wall_seconds": 10.0},
+            {"width": "w64", "train.seed": "0", "train_seconds": 2600.0, "eval_seconds": 200.0, "wall_seconds": 9.0},
+            {"width": "w64", "train.seed": "1", "error": "diverged", "wall_seconds": 5.0}]
+    todo = [{"labels": {"width": "w64", "train.seed": "1"}}, {"labels": {"width": "w128", "train.seed": "0"}}]
+    # w64: 2800 s; w128: no run of its own cell, the mean of all (1900 s); two workers share the 4700 s
+    assert estimate(done, todo, workers=2) == ("; about 0.7 h more at the mean of the finished runs of each cell "
+                                               "(1 in cells with none finished, at the mean of all)")
+    assert estimate(done, todo[:1], workers=1) == "; about 0.8 h more at the mean of the finished runs of each cell"
+    assert estimate([], todo, workers=1) == "" and estimate(done, [], workers=1) == ""

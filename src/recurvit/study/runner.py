@@ -148,7 +148,7 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
     log(f"study {study.name}: {len(study.runs)} runs, {len(done)} finished, {len(todo)} to run or evaluate "
         + (f"({evaluate_only} only to evaluate) " if evaluate_only else "")
         + f"({workers} worker{'s' if workers > 1 else ''}) in {out}; results to {study.results or out}"
-        + estimate(done, sum(kw.get("previous") is None for kw in todo), workers))
+        + estimate(done, [kw for kw in todo if kw.get("previous") is None], workers))
     bar = tqdm(total=len(study.runs), initial=len(done), desc=study.name, disable=not show_progress(progress),
                dynamic_ncols=True)
     if workers <= 1:

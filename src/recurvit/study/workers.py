@@ -8,13 +8,32 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 
-def estimate(done: List[Dict[str, Any]], todo: int, workers: int) -> str:
-    """'; about 2.1 h more at the mean of its finished runs' (nothing when no run has finished)."""
-    spent = [r.get("wall_seconds") or r.get("train_seconds") for r in done if "error" not in r]
-    spent = [s for s in spent if s]
-    if not todo or not spent:
+def estimate(done: List[Dict[str, Any]], todo: List[Dict[str, Any]], workers: int) -> str:
+    """'; about 2.1 h more at the mean of the finished runs of each cell' (nothing when no run has finished).
+
+    A run's cost is its own training and evaluation seconds (its ``wall_seconds`` only covers the last
+    pass, a few seconds for a run copied in and evaluated here). A run to do (a keyword set of
+    :func:`recurvit.study.runner.pending`) is estimated from the finished runs of its own cell (its
+    grid labels but the seed), else from all finished runs: a wider cell costs more than a narrow one."""
+    def cost(r: Dict[str, Any]) -> float:
+        return (r.get("train_seconds") or 0.0) + (r.get("eval_seconds") or 0.0) or r.get("wall_seconds") or 0.0
+
+    def cell(labels: Dict[str, Any]) -> tuple:
+        return tuple(sorted((k, str(v)) for k, v in labels.items() if not k.endswith("seed")))
+
+    axes = {k for kw in todo for k in kw["labels"]}
+    spent: Dict[tuple, List[float]] = {}
+    for r in done:
+        if "error" not in r and cost(r):
+            spent.setdefault(cell({k: r.get(k) for k in axes}), []).append(cost(r))
+    every = [s for ss in spent.values() for s in ss]
+    if not todo or not every:
         return ""
-    return f"; about {sum(spent) / len(spent) * todo / workers / 3600:.1f} h more at the mean of its finished runs"
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    total = sum(mean(spent.get(cell(kw["labels"]), every)) for kw in todo)
+    unseen = sum(cell(kw["labels"]) not in spent for kw in todo)
+    note = f" ({unseen} in cells with none finished, at the mean of all)" if unseen else ""
+    return f"; about {total / workers / 3600:.1f} h more at the mean of the finished runs of each cell{note}"
 
 
 def in_processes(run: Callable[[Dict[str, Any]], Dict[str, Any]], todo: List[Dict[str, Any]], workers: int,
