@@ -172,7 +172,7 @@ def test_finetune_cli_runs_saves_and_reloads(source, tmp_path, capsys, method):
     else:  # plain (lora: merged) weights: recurvit eval reads it as any run
         assert not lora_layers(model)
         assert main(["eval", str(out), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(res["best_acc"])
+    assert json.loads(capsys.readouterr().out)["accuracy"] == pytest.approx(res["best_pt_test_acc"])
 
 
 @pytest.mark.slow
@@ -208,7 +208,7 @@ def test_a_stopped_finetune_resumes_to_the_uninterrupted_metrics(source, tmp_pat
     assert len(_epochs(tmp_path / "part")) == 1 and "test_acc" not in json.loads((tmp_path / "part" / "finetune.json").read_text())
     resumed = finetune_resume(tmp_path / "part", **quiet)
     assert _epochs(tmp_path / "part") == _epochs(tmp_path / "whole")
-    assert resumed["test_acc"] == whole["test_acc"] and resumed["best_acc"] == whole["best_acc"]
+    assert resumed["test_acc"] == whole["test_acc"] and resumed["best_pt_test_acc"] == whole["best_pt_test_acc"]
     a, b = (torch.load(tmp_path / r / "best.pt", weights_only=True)["model"] for r in ("whole", "part"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 

@@ -233,7 +233,7 @@ class FinetuneTask(ClassifyTask):
     def result(self, metrics, run):
         summary = {**self.info_record(), "alpha": self.alpha, "run_dir": str(run.path), "epochs": self.cfg.train.epochs,
                    "lr": self.cfg.train.lr, "test_acc": metrics.get("test_acc"),
-                   "best_acc": _best_test(run.path), "train_seconds": metrics.get("train_seconds"),
+                   "best_pt_test_acc": _best_test(run.path), "train_seconds": metrics.get("train_seconds"),
                    "train_cpu_seconds": metrics.get("train_cpu_seconds")}
         if run.owner:
             write_atomic(run.path / RECIPE, json.dumps(summary, indent=2) + "\n")
@@ -241,7 +241,8 @@ class FinetuneTask(ClassifyTask):
 
 
 def _best_test(run_dir: Path) -> Optional[float]:
-    """The test accuracy of the epoch best.pt holds (the validated or the last one)."""
+    """The test accuracy of the epoch best.pt holds (chosen on the validation split, else the last one; never
+    chosen on test): finetune.json's ``best_pt_test_acc``."""
     rows = [m for m in _metrics(run_dir) if "test_acc" in m]
     if not rows:
         return None
