@@ -122,6 +122,12 @@ def test_per_run_figures_list_labels_and_paired_trends(tmp_path):
     d = decide_all(study.claims, rows)
     assert d["switch"].n[0] == 6 and d["switch"].estimate == pytest.approx(-0.021)
     assert d["switch"].verdict == rules.REPRODUCED
+    # a pooled cell decides only once each of its labels has runs: heun3 missing is not "rk4 and heun3"
+    for less in ([r for r in rows if r["solver"] != "heun3"], [r for r in rows if r["solver"] != "heun3"
+                                                                or r["train.seed"] == "0"]):
+        got = decide_all(study.claims, less)["switch"]
+        assert got.verdict == rules.NOT_MEASURED and got.note.endswith("solver = heun3"), got
+    assert decide_all(study.claims, [r for r in rows if r["train.seed"] != "2"])["switch"].n[0] == 4
     assert d["refine"].verdict == rules.REPRODUCED and d["refine"].estimate == pytest.approx(0.001)
 
     grid = {"width": {"w32": {}, "w64": {}, "w128": {}}, "model": {"vit": {}, "bvit": {}}, "train.seed": [0, 1, 2]}

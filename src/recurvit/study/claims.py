@@ -271,6 +271,10 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
         per_seed = "; ".join(", ".join("-" if v is None else f"{v:.3g}" for v in run.values()) for run in runs)
         return replace(d, note=f"per seed ({', '.join(s['targets'])}): {per_seed}")
     a = values(rows, s["a"], fig)
+    unfilled = _unfilled_labels(rows, s["a"], fig) + (_unfilled_labels(rows, s["b"], fig) if "b" in s else [])
+    if unfilled:
+        return rules.Decision(rules.NOT_MEASURED, math.nan, math.nan, math.nan, math.nan, (len(a),), math.nan,
+                              note=f"{POOLED} {', '.join(unfilled)}")
     untrained = _reference_untrained(claim, rows)
     if untrained:
         return rules.Decision(NOT_TESTED, math.nan, math.nan, math.nan, math.nan, (), math.nan, note=untrained)
@@ -290,6 +294,23 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
     if claim.rule == "noninferiority":
         return rules.noninferiority(x, y, float(s["margin"]), paired=paired)
     return rules.equivalence(x, y, float(s["margin"]), paired=paired)
+
+
+POOLED = "fewer than 2 runs yet of the pooled label(s)"
+
+
+def _unfilled_labels(rows: List[Row], cell: Mapping[str, Any], figure: Any) -> List[str]:
+    """The labels of a pooled cell (an axis given as a list, e.g. ``solver: [midpoint, heun3, rk4]``) with
+    fewer than 2 runs that have the figure, as ``"solver = rk4"``. A claim about several cells is not
+    decided on the runs of some of them: "higher-order fields" read from midpoint alone would be a claim
+    about midpoint under the pooled label."""
+    out = []
+    for axis, label in cell.items():
+        if isinstance(label, list):
+            for one in label:
+                if len(values(rows, {**cell, axis: one}, figure)) < 2:
+                    out.append(f"{axis} = {one}")
+    return out
 
 
 def _reference_untrained(claim: Claim, rows: List[Row]) -> str:

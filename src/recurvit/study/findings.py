@@ -20,8 +20,8 @@ from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
 
 from ..errors import UserError
 from . import rules
-from .claims import (NOT_TESTED, SEED_KEY, Claim, Row, as_number, claim_columns, decide_all, figure_of, in_cell,
-                     load_claims)
+from .claims import (NOT_TESTED, POOLED, SEED_KEY, Claim, Row, as_number, claim_columns, decide_all, figure_of,
+                     in_cell, load_claims)
 from .history import file_commits, rule_came, show
 from .spec import load_study
 from .stats import fmt_p
@@ -76,6 +76,8 @@ def decision_text(claim: Claim, d: rules.Decision) -> str:
     label = claim.spec.get("label", claim.id)
     if claim.rule == "all_of" or d.verdict == NOT_TESTED:
         return f"{label}: {d.note}" if claim.rule != "all_of" else d.note
+    if d.verdict == rules.NOT_MEASURED and d.note.startswith(POOLED):
+        return f"{label}: {d.note}"
     if d.verdict == rules.NOT_MEASURED:
         return f"{label}: fewer than 2 runs per cell" if claim.rule != "target" else f"{label}: no run evaluated yet"
     if claim.rule == "target":
