@@ -57,15 +57,15 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import yaml
 
 from ..errors import UserError
 from . import rules
+from .cells import SEED_KEY, Row, as_number, figure_columns, in_cell, pair, values
 from .targets import per_seed_target
 
-SEED_KEY = "train.seed"  # the grid axis a study averages over (recurvit.study.spec uses this one)
 RULE_KINDS = ("superiority", "noninferiority", "equivalence", "trend", "near_chance", "heterogeneity", "target",
               "all_of")
 ROW_KINDS = ("accounting", "identity", "needs")
@@ -73,7 +73,6 @@ NOT_TESTED = "not tested (the reference did not train)"
 KEYS = {"source", "words", "data", "rule", "figure", "a", "b", "side", "margin", "by", "paired", "label", "axis", "x",
         "log2", "x_name", "chance", "groups", "parts", "qualified", "scale", "unit", "count", "paper", "test", "needs",
         "command", "note", "reference_baseline", "targets", "seen"}
-Row = Dict[str, Any]
 
 
 @dataclass
@@ -170,36 +169,6 @@ def _check_labels(claim: Claim, where: str) -> None:
 
 
 # ---------------------------------------------------------------------------------- figures
-def in_cell(row: Row, cell: Mapping[str, Any]) -> bool:
-    """A run belongs to a cell when its label on each named axis is the cell's (or one of a list)."""
-    return all(str(row.get(axis)) in (list(map(str, label)) if isinstance(label, list) else [str(label)])
-               for axis, label in cell.items())
-
-
-def as_number(v: Any) -> Optional[float]:
-    if v is None or v == "":
-        return None
-    x = float(v)
-    return None if math.isnan(x) else x
-
-
-def figure_of(row: Row, figure: Any) -> Optional[float]:
-    """One run's value of a claim's figure (None when the run lacks it)."""
-    if isinstance(figure, dict):
-        own = str(row.get(figure.get("skip_own", ""), "\0"))
-        vals = [as_number(row.get(c)) for c in figure["mean_of"] if not c.endswith("_" + own)]
-        vals = [v for v in vals if v is not None]
-        minus = as_number(row.get(figure["minus"])) if figure.get("minus") else 0.0
-        if not vals or minus is None:
-            return None
-        return statistics.fmean(vals) - minus
-    if " - " in figure:
-        left, right = (s.strip() for s in figure.split(" - ", 1))
-        a, b = as_number(row.get(left)), as_number(row.get(right))
-        return None if a is None or b is None else a - b
-    return as_number(row.get(figure))
-
-
 def claim_columns(claim: Claim) -> List[str]:
     """The results.csv columns a claim's rule reads (none for a claim made of others)."""
     if claim.rule == "all_of":
@@ -207,39 +176,6 @@ def claim_columns(claim: Claim) -> List[str]:
     if claim.rule == "target":
         return list(claim.spec["targets"])
     return figure_columns(claim.spec.get("figure", "acc_T"))
-
-
-def figure_columns(figure: Any) -> List[str]:
-    """The results.csv columns a claim's figure reads."""
-    if isinstance(figure, dict):
-        return [*figure["mean_of"], *([figure["minus"]] if figure.get("minus") else [])]
-    return [s.strip() for s in str(figure).split(" - ")]
-
-
-def values(rows: Iterable[Row], cell: Mapping[str, Any], figure: Any) -> List[Tuple[str, float]]:
-    """(seed, figure) of every run of the cell that has the figure, one run one observation."""
-    out = []
-    for r in rows:
-        if in_cell(r, cell):
-            v = figure_of(r, figure)
-            if v is not None:
-                out.append((str(r.get(SEED_KEY, r.get("seed"))), v))
-    return out
-
-
-def _by_seed(vals: List[Tuple[str, float]], what: str) -> Dict[str, float]:
-    seeds = [s for s, _ in vals]
-    if len(set(seeds)) != len(seeds):
-        raise UserError(f"a paired comparison needs one run per seed in each cell; {what} has several")
-    return dict(vals)
-
-
-def _pair(a: List[Tuple[str, float]], b: List[Tuple[str, float]], paired: bool) -> Tuple[List[float], List[float]]:
-    if paired:
-        da, db = _by_seed(a, "a"), _by_seed(b, "b")
-        seeds = sorted(da.keys() & db.keys())
-        return [da[s] for s in seeds], [db[s] for s in seeds]
-    return [v for _, v in a], [v for _, v in b]
 
 
 # ---------------------------------------------------------------------------------- deciding
@@ -255,7 +191,7 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
             cell = {s["axis"]: label}
             a = values(rows, {**cell, **s.get("a", {})}, fig)
             if "b" in s:
-                got = [p - q for p, q in zip(*_pair(a, values(rows, {**cell, **s["b"]}, fig), True))]
+                got = [p - q for p, q in zip(*pair(a, values(rows, {**cell, **s["b"]}, fig), True))]
             else:
                 got = [v for _, v in a]
             xs += [float(x)] * len(got)
@@ -286,7 +222,7 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
             chance = found[0] if found else math.nan
         return rules.near_chance([v for _, v in a], float(chance), float(s["margin"]))
     if "b" in s:
-        x, y = _pair(a, values(rows, s["b"], fig), paired)
+        x, y = pair(a, values(rows, s["b"], fig), paired)
     else:  # a's values are differences already: test them against 0
         x, y, paired = [v for _, v in a], [0.0] * len(a), True
     if claim.rule == "superiority":

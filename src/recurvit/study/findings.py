@@ -20,8 +20,8 @@ from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
 
 from ..errors import UserError
 from . import rules
-from .claims import (NOT_TESTED, POOLED, SEED_KEY, Claim, Row, as_number, claim_columns, decide_all, figure_of,
-                     in_cell, load_claims)
+from .cells import SEED_KEY, Row, as_number, figure_of, in_cell
+from .claims import NOT_TESTED, POOLED, Claim, claim_columns, decide_all, load_claims
 from .history import file_commits, rule_came, show
 from .spec import load_study
 from .stats import fmt_p

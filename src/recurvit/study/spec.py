@@ -41,7 +41,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from ..errors import UserError
-from .claims import SEED_KEY, load_claims
+from .cells import SEED_KEY
+from .claims import load_claims
 
 
 @dataclass
