@@ -25,6 +25,8 @@ Rule kinds and their keys (margins are in the figure's own units: accuracy as a 
 - ``trend`` (``axis``, ``x``: label -> number, optional ``log2``; ``a`` and, for a paired gap a − b at
   each x, ``b`` with ``paired: true``): the least-squares slope over x, every run one point; not measured
   below 3 distinct x.
+  With ``budgets`` (x -> a results folder, relative to the study file) instead of ``axis``, each x's runs
+  are that folder's cells ``a`` (and ``b``): a trend over studies that differ only in their budget.
 - ``near_chance`` (``a``, ``margin``, optional ``chance``, else the rows' ``chance`` column).
 - ``heterogeneity`` (``groups``: name -> cells, ``margin``): the groups' means are not all equal.
 - ``target`` (``a``, ``targets``: column -> ``{max: v}`` or ``{min: v}``): a project's own target, met
@@ -53,6 +55,7 @@ silent "not measured". No claim branches on a core's name: cells are grid labels
 """
 from __future__ import annotations
 
+import csv
 import math
 import statistics
 from dataclasses import dataclass, field, replace
@@ -72,7 +75,7 @@ ROW_KINDS = ("accounting", "identity", "needs")
 NOT_TESTED = "not tested (the reference did not train)"
 KEYS = {"source", "words", "data", "rule", "figure", "a", "b", "side", "margin", "by", "paired", "label", "axis", "x",
         "log2", "x_name", "chance", "groups", "parts", "qualified", "scale", "unit", "count", "paper", "test", "needs",
-        "command", "note", "reference_baseline", "targets", "seen"}
+        "command", "note", "reference_baseline", "targets", "seen", "budgets"}
 
 
 @dataclass
@@ -159,6 +162,10 @@ def _check_labels(claim: Claim, where: str) -> None:
                 if str(one) not in claim.labels[axis]:
                     raise UserError(f"{where}: the study's axis {axis!r} has no label {one!r} "
                                     f"(labels: {', '.join(claim.labels[axis])})")
+    budgets = claim.spec.get("budgets")
+    if budgets is not None and (claim.rule != "trend" or not isinstance(budgets, dict) or len(budgets) < 3
+                                or "axis" in claim.spec):
+        raise UserError(f"{where}: `budgets` (x -> results folder, 3 or more) belongs to a trend claim without `axis`")
     axis = claim.spec.get("axis")
     if axis is not None:
         if axis not in claim.labels:
@@ -187,11 +194,10 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
         return _all_of(claim, decided or {})
     if claim.rule == "trend":
         xs, ys = [], []
-        for label, x in s["x"].items():
-            cell = {s["axis"]: label}
-            a = values(rows, {**cell, **s.get("a", {})}, fig)
+        for label, x, here, cell in _trend_points(claim, rows):
+            a = values(here, {**cell, **s.get("a", {})}, fig)
             if "b" in s:
-                got = [p - q for p, q in zip(*pair(a, values(rows, {**cell, **s["b"]}, fig), True))]
+                got = [p - q for p, q in zip(*pair(a, values(here, {**cell, **s["b"]}, fig), True))]
             else:
                 got = [v for _, v in a]
             xs += [float(x)] * len(got)
@@ -230,6 +236,24 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
     if claim.rule == "noninferiority":
         return rules.noninferiority(x, y, float(s["margin"]), paired=paired)
     return rules.equivalence(x, y, float(s["margin"]), paired=paired)
+
+
+def _trend_points(claim: Claim, rows: List[Row]):
+    """(label, x, the rows it reads, the cell that picks its x) of each point of a trend claim: a grid axis's
+    labels, or with ``budgets`` the runs of each named results folder (this study's own rows for its own)."""
+    s = claim.spec
+    if "budgets" not in s:
+        return [(label, x, rows, {s["axis"]: label}) for label, x in s["x"].items()]
+    out = []
+    for x, folder in s["budgets"].items():
+        where = (claim.study.parent / str(folder)).resolve() if claim.study else Path(str(folder))
+        if claim.results is not None and where == Path(claim.results).resolve():
+            here = rows
+        else:
+            csv_path = where / "results.csv"
+            here = list(csv.DictReader(csv_path.open())) if csv_path.is_file() else []
+        out.append((str(x), float(x), here, {}))
+    return out
 
 
 POOLED = "fewer than 2 runs yet of the pooled label(s)"

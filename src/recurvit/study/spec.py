@@ -68,6 +68,7 @@ class Study:
     path: Optional[Path] = None
     runs: List[RunSpec] = field(default_factory=list)
     claims: List[Any] = field(default_factory=list)  # recurvit.study.claims.Claim: what the study decides
+    registration: Dict[str, Any] = field(default_factory=dict)  # a pre-registered study's n, seeds, ... (below)
 
     def eval_for(self, labels: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
         """The evaluators (with options) a finished run with these grid labels must have run; each is
@@ -81,7 +82,9 @@ class Study:
         return [a for a, _ in self.axes if a != SEED_KEY]
 
 
-TOP_KEYS = ("name", "task", "base", "from", "overrides", "grid", "eval", "report", "runs", "results", "claims")
+TOP_KEYS = ("name", "task", "base", "from", "overrides", "grid", "eval", "report", "runs", "results", "claims",
+            "registration")
+REGISTRATION_KEYS = ("n", "seeds", "checkpoint", "budget")
 REPORT_KEYS = ("compare", "frontier")
 LABEL = re.compile(r"[A-Za-z0-9_.+-]+")
 MAX_RUNS = 10_000  # a grid larger than this is a mistake (a typo in an axis), not a study
@@ -178,6 +181,7 @@ def load_study(path: str | Path) -> Study:
         compare=compare, frontier=bool(rep.get("frontier", False)),
         runs_dir=(p.parent / raw["runs"]).resolve() if raw.get("runs") else None,
         results=(p.parent / raw["results"]).resolve() if raw.get("results") else None, path=p)
+    study.registration = _registration(raw.get("registration"), p, axes)
     study.runs = expand(study) if source is None else _expand_from(study, source)
     study.claims = load_claims(p, {axis: [lbl for lbl, _ in variants] for axis, variants in axes}, study.results)
     labels = {lbl for _, variants in axes for lbl, _ in variants}
@@ -185,6 +189,27 @@ def load_study(path: str | Path) -> Study:
     if unknown:
         raise UserError(f"study file {p}: report.compare names {', '.join(unknown)}, which are not grid labels")
     return study
+
+
+def _registration(reg: Any, p: Path, axes) -> Dict[str, Any]:
+    """A confirmatory study's registration: ``n`` runs per cell, exactly the ``seeds`` of its seed axis, the
+    ``checkpoint`` its figures are read from (``last``) and its ``budget`` in words. The findings table
+    reads the commit that added it as the registration (:mod:`recurvit.study.findings`)."""
+    if reg is None:
+        return {}
+    if not isinstance(reg, dict):
+        raise UserError(f"study file {p}: registration: must be a mapping ({', '.join(REGISTRATION_KEYS)})")
+    _check_keys(p, reg, REGISTRATION_KEYS, "registration.")
+    seeds = dict(axes).get(SEED_KEY)
+    n, listed = reg.get("n"), reg.get("seeds")
+    if seeds is None or not isinstance(n, int) or not isinstance(listed, list) or len(listed) != n:
+        raise UserError(f"study file {p}: registration needs n (an integer) and seeds (n of them), and the grid "
+                        f"a {SEED_KEY} axis")
+    if sorted(map(str, listed)) != sorted(lbl for lbl, _ in seeds):
+        raise UserError(f"study file {p}: registration.seeds {listed} are not the grid's {SEED_KEY} values")
+    if reg.get("checkpoint", "last") != "last":
+        raise UserError(f"study file {p}: registration.checkpoint: a study reads last.pt, so only 'last' is honest")
+    return dict(reg)
 
 
 def run_dir_root(study: "Study") -> Path:
