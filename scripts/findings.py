@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from recurvit.errors import UserError  # noqa: E402
-from recurvit.study.findings import render  # noqa: E402
+from recurvit.study.findings_md import render  # noqa: E402
 from recurvit.study.stats import mean_ci, welch  # noqa: E402
 
 Row = Dict[str, str]
@@ -91,7 +91,9 @@ def survival(results: Path) -> List[str]:
         if math.isnan(w3["diff"]) or math.isnan(w10["diff"]):
             continue
         cell = [f"{w['diff'] * 100:+.1f} [{w['lo'] * 100:+.1f}, {w['hi'] * 100:+.1f}] ({side(w)})" for w in (w3, w10)]
-        same = "yes" if side(w3) == side(w10) else "no"
+        # a verdict survives when the longer budget puts the interval on the same side of zero; two intervals
+        # that both straddle zero decided nothing at either budget, so nothing survived
+        same = "no verdict at either" if side(w3) == side(w10) == "none" else "yes" if side(w3) == side(w10) else "no"
         lines.append(f"| {label} | {key.replace('acc_', 'acc@')} | {cell[0]} | {cell[1]} | {same} |")
     return [""] + lines
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from recurvit.errors import UserError
-from recurvit.study.findings import collect, render
+from recurvit.study.findings import collect
+from recurvit.study.findings_md import render
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("findings_script", ROOT / "scripts" / "findings.py")
@@ -99,7 +100,8 @@ def test_the_history_column_reads_git(tmp_path):
     write_csv(root / "results" / "tiny", rows({"naive": 0.80, "ds3": 0.80, "vit": 0.85}))
     text = render(root)
     assert "| superiority (95% interval of the difference on the claimed side) | before |" in text
-    assert "Of the 1 rows decided from study results, 1 had their rule committed before those results." in text
+    assert ("Exploratory verdicts from study results: 1 rows (1 reproduced); 1 of them had their rule committed "
+            "before their results with no seeds added after a verdict.") in text
 
 
 def test_results_date_a_rule_from_its_own_cells_and_added_seeds_are_named(tmp_path):
@@ -137,8 +139,8 @@ def test_results_date_a_rule_from_its_own_cells_and_added_seeds_are_named(tmp_pa
     came = {ln.claim.id: ln.came for ln in collect(root)}
     nominal = "before; seeds per cell raised from 3 to 4 after a verdict was committed: nominal level"
     assert came["vit_ahead"] == came["ds_no_gain"] == nominal and came["both"] == "after"  # naive: in both
-    assert ("Of the 4 rows decided from study results, 2 had their rule committed before those results "
-            "(2 of them with seeds added after a first verdict, at nominal level).") in render(root)
+    assert ("Exploratory verdicts from study results: 4 rows (4 reproduced); 0 of them had their rule committed "
+            "before their results with no seeds added after a verdict.") in render(root)
 
 
 TARGETS = {"exit_drop_points": {"max": 0.5}, "exit_steps_pct_T": {"max": 60}, "exit_speedup": {"min": 1.4}}

@@ -75,7 +75,8 @@ ROW_KINDS = ("accounting", "identity", "needs")
 NOT_TESTED = "not tested (the reference did not train)"
 KEYS = {"source", "words", "data", "rule", "figure", "a", "b", "side", "margin", "by", "paired", "label", "axis", "x",
         "log2", "x_name", "chance", "groups", "parts", "qualified", "scale", "unit", "count", "paper", "test", "needs",
-        "command", "note", "reference_baseline", "targets", "seen", "budgets"}
+        "command", "note", "reference_baseline", "targets", "seen", "budgets",
+        "tolerance", "also", "paper_value"}
 
 
 @dataclass

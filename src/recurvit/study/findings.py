@@ -23,6 +23,7 @@ from . import rules
 from .cells import SEED_KEY, Row, as_number, figure_of, in_cell
 from .claims import NOT_TESTED, POOLED, Claim, claim_columns, decide_all, load_claims
 from .history import file_commits, rule_came, show
+from .registration import EXPLORATORY, PENDING, Evidence, evidence
 from .spec import load_study
 from .stats import fmt_p
 
@@ -50,6 +51,7 @@ class Line:
     figure: str
     verdict: str
     came: str                # "before" / "after" / "no results yet" / "-"
+    evidence: Evidence = Evidence(EXPLORATORY, "")  # confirmatory / registered, pending / exploratory
 
 
 def _margin(claim: Claim) -> str:
@@ -91,38 +93,78 @@ def decision_text(claim: Claim, d: rules.Decision) -> str:
     if not math.isnan(d.seeds_needed) and d.verdict == rules.NOT_SEPARABLE:
         need = "more than 1000" if math.isinf(d.seeds_needed) else f"{d.seeds_needed:.0f}"
         if claim.rule == "trend":  # n counts runs; seeds_needed counts repetitions of the x values
-            per = claim.spec.get("x_name", claim.spec["axis"])
+            per = claim.spec.get("x_name") or claim.spec.get("axis", "x")
             text += f" (n = {n} runs; at this effect and spread the rule decides with {need} seeds per {per})"
         else:
             text += f" (n = {n}; at this effect and spread the rule decides with {need} seeds)"
     return text
 
 
-def _studyless(claim: Claim, root: Path) -> Tuple[str, str]:
+def _studyless(claim: Claim, root: Path, run_tests: bool = True) -> Tuple[str, str]:
     s = claim.spec
-    if claim.rule == "identity":  # test: one test, or a list of them (each must exist)
+    if claim.rule == "identity":  # test: one test, or a list of them (each must exist, and is run)
         tests = s["test"] if isinstance(s["test"], list) else [s["test"]]
         for test in tests:
             file, _, name = test.partition("::")
             path = root / file
             if not path.is_file() or not re.search(rf"^def {re.escape(name)}\(", path.read_text(), re.M):
                 raise UserError(f"claim {claim.id}: test {test} does not exist")
-        return ", ".join(f"`{t}`" for t in tests), "identity, tested"
+        failing = run_identity_tests(root, tests) if run_tests else []
+        figure = ", ".join(f"`{t}`" for t in tests)
+        if failing:
+            return figure + f" (failing: {', '.join(f'`{t}`' for t in failing)})", "failing"
+        return figure, "identity, tested"
     if claim.rule == "accounting":
-        counts_file = root / "results" / "accounting" / "counts.json"
-        if not counts_file.is_file():
-            return "`python scripts/accounting.py` has not run", "not measured yet"
-        entries = {e["claim"]: e for e in json.loads(counts_file.read_text())["claims"]}
-        want = s["count"]  # {claim: <entry>, figure: <key of its measured counts>, text: "format {}"}
-        entry = entries.get(want["claim"])
-        if entry is None or want["figure"] not in entry["measured"]:
-            raise UserError(f"claim {claim.id}: {counts_file} has no count {want['claim']}/{want['figure']}")
-        got = entry["measured"][want["figure"]]
-        text = want["text"].format(*got.values()) if isinstance(got, dict) else want["text"].format(got)
-        paper = entry["paper"].get(want.get("paper", want["figure"]))
-        return f"{text} (paper: {paper:,} )".replace(" )", ")") if isinstance(paper, (int, float)) \
-            else f"{text} (paper: {paper})", "accounting"
+        return _accounting(claim, root)
     return f"`{s['command']}`", f"needs {s['needs']}"
+
+
+def run_identity_tests(root: Path, tests: Sequence[str]) -> List[str]:
+    """Run the identity tests now (pytest, in the repository); the ones that did not pass."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *tests],
+                         cwd=root, capture_output=True, text=True)
+    if res.returncode == 0:
+        return []
+    out = res.stdout + res.stderr
+    failed = [t for t in tests if re.search(rf"(FAILED|ERROR) {re.escape(t)}\b", out)]
+    return failed or list(tests)
+
+
+def _accounting(claim: Claim, root: Path) -> Tuple[str, str]:
+    """A count at the paper's size against the paper's figure, within ``tolerance`` (relative, e.g. 0.05): the
+    row is **within tolerance** or **outside tolerance** (it can fail). ``also``: more counts of the same
+    entry held to their paper figures (e.g. the model's size, which a ratio's claim presupposes)."""
+    s = claim.spec
+    counts_file = root / "results" / "accounting" / "counts.json"
+    if not counts_file.is_file():
+        return "`python scripts/accounting.py` has not run", "not measured yet"
+    entries = {e["claim"]: e for e in json.loads(counts_file.read_text())["claims"]}
+    want = s["count"]  # {claim: <entry>, figure: <key of its measured counts>, text: "format {}"}
+    entry = entries.get(want["claim"])
+    if entry is None or want["figure"] not in entry["measured"]:
+        raise UserError(f"claim {claim.id}: {counts_file} has no count {want['claim']}/{want['figure']}")
+    got = entry["measured"][want["figure"]]
+    text = want["text"].format(*got.values()) if isinstance(got, dict) else want["text"].format(got)
+    paper = s.get("paper_value", entry["paper"].get(want.get("paper", want["figure"])))
+    tol = s.get("tolerance")
+    if tol is None:
+        raise UserError(f"claim {claim.id}: an accounting row needs a tolerance (relative, e.g. 0.05)")
+    checks = [(want["figure"], got, paper)] + [(f, entry["measured"].get(f), entry["paper"].get(f))
+                                               for f in s.get("also", [])]
+    worst, notes = 0.0, []
+    for figure, value, ref in checks:
+        if not isinstance(ref, (int, float)) or value is None:
+            raise UserError(f"claim {claim.id}: {figure} needs a measured count and a numeric paper figure "
+                            "(paper_value: in the claim where the paper states it in words)")
+        for v in (value.values() if isinstance(value, dict) else [value]):
+            off = abs(float(v) - ref) / abs(ref)
+            worst = max(worst, off)
+            notes.append(f"{figure} {v:,.4g} vs paper {ref:,.4g}: {100 * off:.1f}% off")
+    verdict = "within tolerance" if worst <= float(tol) else "outside tolerance"
+    return f"{text} ({'; '.join(notes)}; tolerance {100 * float(tol):g}%)", verdict
 
 
 # --------------------------------------------------------------- which runs a claim reads (history)
@@ -130,6 +172,8 @@ def claim_cells(claim: Claim) -> List[Dict[str, Any]]:
     """The cells whose runs a claim reads (none for a claim made of others)."""
     s = claim.spec
     cells = [s[k] for k in ("a", "b") if isinstance(s.get(k), dict)] + list((s.get("groups") or {}).values())
+    if claim.rule == "trend" and "budgets" in s:  # its own study's runs: the cells a and b
+        return [s.get("a", {})] + ([s["b"]] if "b" in s else [])
     if claim.rule == "trend":
         cells = [{s["axis"]: label, **side} for label in s["x"] for side in ([s.get("a", {})] + (
             [s["b"]] if "b" in s else []))]
@@ -221,11 +265,14 @@ def collect(root: Path) -> List[Line]:
 
             rows = rows_from_csv(results, study)
         decided = decide_all(study.claims, rows)
+        ev = evidence(root, study, study.results, rows)
         earlier = _decided_at(root, study, results)
         by_id = {c.id: c for c in study.claims}
         for c in study.claims:
             d = decided[c.id]
-            if not rows:
+            if ev.status == PENDING:  # a registered study decides once every registered run is in
+                figure, verdict = decision_text(c, d) if rows else "no registered run in yet", f"pending ({ev.why})"
+            elif not rows:
                 figure, verdict = f"`recurvit study {path.relative_to(root)}` has not reported yet", "not measured yet"
             else:
                 figure, verdict = decision_text(c, d), d.verdict
@@ -233,7 +280,8 @@ def collect(root: Path) -> List[Line]:
                     figure += f" (partial study: {len(rows)} of {len(study.runs)} runs in)"
             came = rule_came(root, path, c.id, results, claim_columns(c), c.spec.get("seen", ()),
                              lambda commit, claim=c: _reads(earlier, commit, claim, by_id))
-            lines.append(Line(c, study.results.name, figure, verdict, _grown(came, c, rows, earlier, root, results)))
+            lines.append(Line(c, study.results.name, figure, verdict, _grown(came, c, rows, earlier, root, results),
+                              ev))
         mine = {ln.claim.id: ln for ln in lines[len(lines) - len(study.claims):]}
         for ln in mine.values():  # a claim made of others came after when a part did, is nominal when one is
             parts = [mine[p].came for p in ln.claim.spec.get("parts", ())]
@@ -248,59 +296,3 @@ def collect(root: Path) -> List[Line]:
             lines.append(Line(c, "", figure, verdict, "-"))
     order = {s: i for i, s in enumerate(SOURCES)}
     return sorted(lines, key=lambda ln: order.get(ln.claim.source, len(order)))
-
-
-HEADER = """Generated by `python scripts/findings.py` from the committed results files and the repository's
-history; do not edit by hand.
-
-Each claim is declared with its rule in the study file that tests it (`claims:`; rule kinds in
-`src/recurvit/study/rules.py`). Verdicts: **reproduced** when the rule holds at 95%, **not reproduced**
-when the data contradict it, **not separable at this scale** when they do neither (the figure then says
-how many seeds would decide it at the observed effect and spread). A "no gain" claim is an equivalence
-claim with a stated margin, so it can fail. The project's own targets are counted per seed (**target met
-in k of n seeds**), not tested on means. *Rule came* is read from git: **before** when the claim's rule
-(the claim with every key but its `data` and `label` descriptions) was committed before the first commit
-of the results it reads (the first commit whose results.csv holds any run of its cells with its figure, or
-of an earlier file the claim names as having shown the same figures), **after** otherwise. Where seeds
-were added to a claim's cells after a verdict on fewer had been committed (for example where a report
-asked for them), the row says so: its p-value and interval then hold at their nominal level only."""
-
-
-def table(lines: Sequence[Line], root: Path) -> List[str]:
-    out = ["| # | source | claim | data · study | rule | rule came | deciding figure | verdict |",
-           "|---|---|---|---|---|---|---|---|"]
-    for i, ln in enumerate(lines, 1):
-        c = ln.claim
-        report = root / "results" / ln.study / "report.md"
-        where = (f"[{ln.study}](results/{ln.study}/report.md)" if report.is_file() else ln.study) if ln.study else "-"
-        data = f"{c.data} · {where}" if c.data else where
-        cells = [str(i), c.source, c.words, data, rule_text(c), ln.came, ln.figure, f"**{ln.verdict}**"]
-        out.append("| " + " | ".join(_cell(x) for x in cells) + " |")
-    return out
-
-
-def _cell(text: str) -> str:
-    """A markdown table cell: a '|' in the text (a norm, ||dh||) is escaped, not a column break."""
-    return str(text).replace("\\|", "|").replace("|", "\\|")
-
-
-def summary(lines: Sequence[Line]) -> List[str]:
-    counts: Dict[str, int] = {}
-    for ln in lines:
-        key = ln.verdict if not ln.verdict.startswith("needs") else "needs scale or data this machine lacks"
-        if key.startswith("target met in ") and "every" not in key:
-            key = "target met in no seed" if key.startswith("target met in 0 of") else "target met in some seeds"
-        counts[key] = counts.get(key, 0) + 1
-    decided = [ln for ln in lines if ln.came.startswith(("before", "after"))
-               and ln.verdict not in (rules.NOT_MEASURED, NOT_TESTED)]
-    came = [ln for ln in decided if ln.came.startswith("before")]
-    nominal = sum(ln.came != "before" for ln in came)
-    parts = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return [f"{len(lines)} claims: {parts}. Of the {len(decided)} rows decided from study results, {len(came)} had "
-            f"their rule committed before those results" + (f" ({nominal} of them with seeds added after a first "
-                                                             f"verdict, at nominal level)." if nominal else ".")]
-
-
-def render(root: Path, extra: Sequence[str] = ()) -> str:
-    lines = collect(root)
-    return "\n".join([HEADER, "", *summary(lines), "", *table(lines, root), *extra]) + "\n"

@@ -75,6 +75,16 @@ def _not_measured(n: tuple, note: str) -> Decision:
     return Decision(NOT_MEASURED, math.nan, math.nan, math.nan, math.nan, n, math.nan, note)
 
 
+EXACT = "exact comparison: no variance (every value of each group identical), decided without a test"
+
+
+def _exact(d: "_Diff", holds: bool, note: str) -> Decision:
+    """A figure without variance (a FLOP count, a parameter count: every seed gives the same value) is
+    compared exactly: the claim holds or it does not, with no interval, p-value or seeds to add."""
+    return Decision(REPRODUCED if holds else NOT_REPRODUCED, d.est, d.est, d.est, math.nan, d.n, math.nan,
+                    f"{EXACT}; {note}")
+
+
 def _check_side(side: int) -> None:
     if side not in (1, -1):
         raise ValueError(f"side must be +1 or -1, got {side!r}")
@@ -158,6 +168,8 @@ def superiority(a: Sequence[Optional[float]], b: Sequence[Optional[float]], side
     d, n = _difference(a, b, paired)
     if d is None:
         return _not_measured(n, "fewer than 2 values per group")
+    if d.se == 0:
+        return _exact(d, side * (d.est - side * by) > 0, f"claimed sign {side:+d}" + (f", beyond {side * by:+g}" if by else ""))
     if paired:
         ms = mean_ci(paired_differences(a, b))
         est, lo, hi = ms["mean"], ms["mean"] - ms["ci"], ms["mean"] + ms["ci"]
@@ -183,6 +195,8 @@ def noninferiority(a: Sequence[Optional[float]], b: Sequence[Optional[float]], m
     d, n = _difference(a, b, paired)
     if d is None:
         return _not_measured(n, "fewer than 2 values per group")
+    if d.se == 0:
+        return _exact(d, d.est > -margin, f"non-inferiority at -{margin:g}")
     lo, hi = _interval(d, CONFIDENCE)
     verdict = REPRODUCED if lo > -margin else NOT_REPRODUCED if hi < -margin else NOT_SEPARABLE
     return Decision(verdict, d.est, lo, hi, _p_one_sided(d, -margin, "greater"), n,
@@ -201,6 +215,8 @@ def equivalence(a: Sequence[Optional[float]], b: Sequence[Optional[float]], marg
     d, n = _difference(a, b, paired)
     if d is None:
         return _not_measured(n, "fewer than 2 values per group")
+    if d.se == 0:
+        return _exact(d, abs(d.est) < margin, f"equivalence at ±{margin:g}")
     lo90, hi90 = _interval(d, 1 - 2 * ALPHA)
     lo95, hi95 = _interval(d, CONFIDENCE)
     p = max(_p_one_sided(d, -margin, "greater"), _p_one_sided(d, margin, "less"))
@@ -265,8 +281,10 @@ def near_chance(values: Sequence[Optional[float]], chance: float, margin: float)
     n = (len(v),)
     if len(v) < 2:
         return _not_measured(n, "fewer than 2 values")
-    ms = mean_ci(v)
     d = _one_sample(v)
+    if d.se == 0:
+        return _exact(d, d.est <= chance + margin, f"at most chance {chance:g} + {margin:g}")
+    ms = mean_ci(v)
     lo, hi = ms["mean"] - ms["ci"], ms["mean"] + ms["ci"]
     bound = chance + margin
     verdict = REPRODUCED if hi <= bound else NOT_REPRODUCED if lo > bound else NOT_SEPARABLE
@@ -321,12 +339,14 @@ def fmt_decision(d: Decision, scale: float = 100.0, unit: str = "points", digits
         return "not measured"
     unit = f" {unit}" if unit else ""
     out = f"{d.estimate * scale:+.{digits}f}{unit}"
-    if not (math.isnan(d.lo) or math.isnan(d.hi)):
+    if not (math.isnan(d.lo) or math.isnan(d.hi) or d.note.startswith(EXACT)):
         out += f" [{d.lo * scale:+.{digits}f}, {d.hi * scale:+.{digits}f}]"
         level = re.search(r"(\d+(?:\.\d+)?)% interval", d.note)
         if level and float(level.group(1)) != CONFIDENCE * 100:
             out += f" ({level.group(1)}% interval)"
-    if not math.isnan(d.p):
+    if d.note.startswith(EXACT):
+        out += " (exact: no variance over seeds, no test)"
+    elif not math.isnan(d.p):
         p = fmt_p(d.p)
         out += f", p {p[0]} {p[1:]}" if p.startswith("<") else f", p = {p}"
     return out

@@ -1,0 +1,140 @@
+"""Confirmatory or exploratory (recurvit.study.registration) and the rows that must be able to fail: a study's
+rows are confirmatory only when git shows its registration before every result, unchanged since, with
+exactly the registered runs; accounting rows hold a tolerance, identity rows run their tests, and a figure
+without variance is compared exactly."""
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from recurvit.study import rules
+from recurvit.study.findings import collect
+from recurvit.study.findings_md import render
+from test_findings import c, repo, rows, write_csv
+
+REG = {"n": 3, "seeds": [0, 1, 2], "checkpoint": "last", "budget": "3 epochs"}
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+
+def commit(root: Path, msg: str) -> None:
+    git(root, "add", "-A"), git(root, "commit", "-qm", msg)
+
+
+def registered(tmp_path: Path, registration=REG) -> Path:
+    root = repo(tmp_path, {"vit_ahead": c(a={"regime": "vit"}, b={"regime": "naive"})})
+    path = root / "studies" / "tiny.yaml"
+    doc = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**doc, "registration": registration}, sort_keys=False))
+    git(root, "init", "-q"), git(root, "config", "user.email", "t@t"), git(root, "config", "user.name", "t")
+    return root
+
+
+def status(root: Path) -> str:
+    (line,) = collect(root)
+    return line.evidence.status
+
+
+RESULTS = rows({"naive": 0.80, "ds3": 0.80, "vit": 0.85})
+
+
+def test_a_registration_before_its_results_with_exactly_its_runs_is_confirmatory(tmp_path):
+    root = registered(tmp_path)
+    commit(root, "register")
+    write_csv(root / "results" / "tiny", RESULTS[:4])
+    commit(root, "four runs")
+    (line,) = collect(root)
+    assert line.evidence.status == "registered, pending" and line.verdict.startswith("pending")
+    write_csv(root / "results" / "tiny", RESULTS)
+    commit(root, "every registered run")
+    (line,) = collect(root)
+    assert line.evidence.status == "confirmatory" and line.verdict == "reproduced"
+    assert "## Confirmatory" in render(root) and "Confirmatory verdicts: 1 rows (1 reproduced)" in render(root)
+
+
+def test_a_study_registered_after_one_of_its_results_is_exploratory(tmp_path):
+    root = registered(tmp_path)
+    write_csv(root / "results" / "tiny", RESULTS[:1])  # a result exists before (or with) the registration
+    commit(root, "register with a result in view")
+    write_csv(root / "results" / "tiny", RESULTS)
+    commit(root, "the rest")
+    assert status(root) == "exploratory"
+    assert "## Confirmatory" not in render(root)
+
+
+def test_a_top_up_beyond_the_registered_n_is_exploratory(tmp_path):
+    root = registered(tmp_path)
+    commit(root, "register")
+    write_csv(root / "results" / "tiny", RESULTS)
+    commit(root, "results")
+    assert status(root) == "confirmatory"
+    more = [{**r, "run_id": r["run_id"][:-1] + "3", "train.seed": 3} for r in RESULTS if r["train.seed"] == 0]
+    write_csv(root / "results" / "tiny", RESULTS + more)  # a fourth seed, as a report's "seeds needed" asks
+    commit(root, "top-up")
+    (line,) = collect(root)
+    assert line.evidence.status == "exploratory" and "beyond the registration" in line.evidence.why
+
+
+def test_a_registration_edited_after_it_was_committed_is_exploratory(tmp_path):
+    root = registered(tmp_path)
+    commit(root, "register")
+    path = root / "studies" / "tiny.yaml"
+    path.write_text(path.read_text().replace("superiority", "noninferiority\n    margin: 0.01"))
+    commit(root, "the rule changed")
+    write_csv(root / "results" / "tiny", RESULTS)
+    commit(root, "results")
+    (line,) = collect(root)
+    assert line.evidence.status == "exploratory" and "changed after" in line.evidence.why
+
+
+def test_a_trend_over_budgets_reads_each_budgets_results_folder(tmp_path):
+    trend = c("trend", budgets={3: "../results/short", 10: "../results/mid", 30: "../results/tiny"}, x_name="epochs",
+              log2=True, side=-1, paired=True, a={"regime": "vit"}, b={"regime": "naive"})
+    root = repo(tmp_path, {"gap_shrinks": trend})
+    for folder, gap in (("short", 0.06), ("mid", 0.04), ("tiny", 0.02)):
+        write_csv(root / "results" / folder, rows({"naive": 0.80, "ds3": 0.80, "vit": 0.80 + gap}))
+    (line,) = collect(root)
+    assert line.verdict == "reproduced" and line.figure.startswith("gap_shrinks: -")
+    write_csv(root / "results" / "short", rows({"naive": 0.80, "ds3": 0.80, "vit": 0.80}))  # no gap early on
+    assert collect(root)[0].verdict == "not separable at this scale"
+
+
+def test_an_accounting_row_outside_its_tolerance_fails(tmp_path):
+    import json
+
+    root = repo(tmp_path, {}, {
+        "ratio": c("accounting", tolerance=0.05, count={"claim": "X", "figure": "ratio", "text": "ratio {:.2f}"}),
+        "size": c("accounting", tolerance=0.05, also=["params"],
+                  count={"claim": "X", "figure": "ratio", "text": "ratio {:.2f}"}),
+    })
+    (root / "results" / "accounting").mkdir(parents=True)
+    entry = {"claim": "X", "paper": {"ratio": 0.65, "params": 29e6}, "measured": {"ratio": 0.63, "params": 31.4e6}}
+    (root / "results" / "accounting" / "counts.json").write_text(json.dumps({"claims": [entry]}))
+    got = {ln.claim.id: ln.verdict for ln in collect(root)}
+    # 0.63 is 3.1% from 0.65: within 5%; the model it is measured on is 8.3% larger than the paper's
+    assert got == {"ratio": "within tolerance", "size": "outside tolerance"}
+
+
+def test_an_identity_row_whose_test_fails_says_failing(tmp_path):
+    root = repo(tmp_path, {}, {"ident": c("identity", test="tests/test_x.py::test_y")})
+    (root / "tests").mkdir()
+    (root / "tests" / "test_x.py").write_text("def test_y():\n    assert True\n")
+    assert collect(root)[0].verdict == "identity, tested"
+    (root / "tests" / "test_x.py").write_text("def test_y():\n    assert 1 + 1 == 3\n")
+    (line,) = collect(root)
+    assert line.verdict == "failing" and "failing: `tests/test_x.py::test_y`" in line.figure
+
+
+def test_a_figure_without_variance_is_compared_exactly():
+    flops_a, flops_b = [177.3e6] * 5, [0.0] * 5  # a deterministic count: every seed gives the same value
+    d = rules.superiority(flops_a, flops_b)
+    assert d.verdict == rules.REPRODUCED and d.estimate == 177.3e6
+    assert d.lo == d.hi == d.estimate and d.p != d.p  # a point, no p-value: nothing was tested
+    assert rules.fmt_decision(d, scale=1e-6, unit="MFLOPs") == "+177.30 MFLOPs (exact: no variance over seeds, no test)"
+    assert rules.superiority(flops_b, flops_a).verdict == rules.NOT_REPRODUCED
+    assert rules.equivalence([1.0] * 3, [1.004] * 3, margin=0.005).verdict == rules.REPRODUCED
+    assert rules.equivalence([1.0] * 3, [1.006] * 3, margin=0.005).verdict == rules.NOT_REPRODUCED
+    assert rules.noninferiority([1.0] * 3, [1.02] * 3, margin=0.01).verdict == rules.NOT_REPRODUCED
+    assert rules.superiority([1.0, 1.1, 0.9], [0.0, 0.1, -0.1], paired=True).note.startswith(rules.EXACT)
