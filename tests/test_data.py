@@ -362,7 +362,7 @@ def test_bad_config_values():
         build_datasets(DataConfig(name="digits", crop_padding=-1))
     with pytest.raises(UserError, match="randaugment"):
         build_datasets(DataConfig(name="synthetic", synthetic_chans=2, randaugment=True))
-    assert DATASETS == ("digits", "fashion_mnist", "cifar10", "cifar100", "imagefolder", "synthetic")
+    assert DATASETS == ("digits", "fashion_mnist", "cifar10", "cifar100", "imagefolder", "synthetic", "mazes")
 
 
 # ---------------------------------------------------------------------------------------- MixUp / CutMix

@@ -50,7 +50,7 @@ ModelConfig = preset_schema(
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | fashion_mnist | cifar10 | cifar100 | imagefolder | synthetic
+    name: str = "digits"  # digits | fashion_mnist | cifar10 | cifar100 | imagefolder | synthetic | mazes
     root: Optional[str] = None  # data directory; None: the data set's default location
     img_size: Optional[int] = None  # resize to this size; None: native size
     num_workers: int = 0  # DataLoader workers
@@ -72,6 +72,13 @@ class DataConfig:
     synthetic_classes: int = 10
     synthetic_size: int = 32
     synthetic_chans: int = 3
+    # mazes, generated in-process (data/mazes.py; easy-to-hard format: a size-s maze is a (2s + 6)-pixel RGB image)
+    maze_size: int = 9  # training (and validation) size, odd >= 3: 9 = 5 x 5 cells, 24 pixels
+    maze_test_sizes: List[int] = field(default_factory=lambda: [9, 13, 17, 21, 25, 29, 33])  # evaluated sizes
+    maze_train: int = 50000  # training mazes (DeepThinking trains on 50,000 9x9 mazes)
+    maze_val: int = 2000  # validation mazes at the training size, none of them a training maze
+    maze_test: int = 1000  # test mazes at each test size
+    maze_seed: int = 0  # seed of the generator (independent of the run seed: every run sees the same mazes)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Data set loading: digits, Fashion-MNIST (IDX), CIFAR-10/100 (torchvision), ImageFolder, synthetic.
+"""Data set loading: digits, Fashion-MNIST (IDX), CIFAR-10/100 (torchvision), ImageFolder, synthetic, and
+mazes (generated, data/mazes.py: a per-pixel target, for the dense task).
 
 Small data sets are held in memory as uint8 (N, C, H, W) tensors inside `TensorImageDataset`, so a
 per-item transform only does cheap tensor ops. Missing or malformed data raise a one-line `UserError`.
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("recurvit.data")
 
-DATASETS: tuple[str, ...] = ("digits", "fashion_mnist", "cifar10", "cifar100", "imagefolder", "synthetic")
+DATASETS: tuple[str, ...] = ("digits", "fashion_mnist", "cifar10", "cifar100", "imagefolder", "synthetic", "mazes")
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"  # where Debian's dataset-fashion-mnist installs
 CIFAR_ROOT = "data/cifar"
@@ -71,6 +72,7 @@ _DEFAULTS = {
     "cifar100": _Defaults(32, 4, True),
     "imagefolder": _Defaults(None, 0, True),  # RandomResizedCrop does the spatial augmentation
     "synthetic": _Defaults(None, 0, False),  # deterministic items unless asked otherwise
+    "mazes": _Defaults(None, 0, False),  # generated per size (data/mazes.py); never cropped, flipped or resized
 }
 
 
@@ -252,6 +254,12 @@ def _build(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Dataset, 
         return _in_memory(cfg, train, test, classes, CIFAR_STATS[name])
     if name == "imagefolder":
         return _image_folder(cfg, with_train)
+    if name == "mazes":  # items: (float (3, H, W) in [0, 1], long path mask (H, W)); test: the validation split
+        from . import mazes
+
+        train, val = mazes.build_mazes(cfg, with_train)
+        size = mazes.maze_pixels(cfg.maze_size)
+        return train, val, DatasetInfo(name, size, 3, 2, *mazes.STATS, class_names=mazes.CLASS_NAMES)
     size, chans, classes = cfg.synthetic_size, cfg.synthetic_chans, cfg.synthetic_classes
     train = make_synthetic(cfg.synthetic_train, size, chans, classes, "train")
     test = make_synthetic(cfg.synthetic_test, size, chans, classes, "test")
