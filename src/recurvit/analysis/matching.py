@@ -119,8 +119,9 @@ def describe(name: str, **overrides: Any) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------ partners
 def _partner_preset(core: str, embed_dim: int) -> str:
     """The registered preset of ``core`` to start a partner from: same width if one exists, then
-    the shortest name (the family's plain preset: vit_* before srvit_*), then the closest width."""
-    names = [n for n in list_models() if getattr(model_config(n), "core", None) == core]
+    the shortest name (the family's plain preset: vit_* before srvit_*), then the closest width. Only
+    ViT presets partner a ViT (the convolutional dt_net presets run the recurrent core too)."""
+    names = [n for n in list_models() if isinstance(model_config(n), ViTConfig) and model_config(n).core == core]
     if not names:
         raise UserError(f"no registered preset has core '{core}'")
     cfg_dim = {n: model_config(n).embed_dim for n in names}
