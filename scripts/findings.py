@@ -1,6 +1,6 @@
 """The README's findings: each claim of the seed abstracts against the study that measures it here.
 
-    python scripts/findings.py          # writes results/findings.md and results/findings_softmor_r.png
+    python scripts/findings.py          # writes results/findings.md, findings_summary.md, findings_softmor_r.png
     python scripts/findings.py --check  # CI: fails when findings.md is out of date
 
 The claims, their rules and the table live in the library (``recurvit.study.claims``, ``rules``,
@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from recurvit.errors import UserError  # noqa: E402
-from recurvit.study.findings_md import render  # noqa: E402
+from recurvit.study.findings import collect  # noqa: E402
+from recurvit.study.findings_md import render, summary_page  # noqa: E402
 from recurvit.study.stats import mean_ci, welch  # noqa: E402
 
 Row = Dict[str, str]
@@ -106,19 +107,22 @@ def main(argv: Sequence[str] = ()) -> int:
     args = ap.parse_args(list(argv))
     args.results = args.root / "results"
     try:
-        text = render(args.root, extra=survival(args.results))
+        lines = collect(args.root)
+        pages = {args.results / "findings.md": render(args.root, extra=survival(args.results), lines=lines),
+                 args.results / "findings_summary.md": summary_page(args.root, lines)}
     except UserError as e:  # a renamed label, a missing test: one line, exit code 2
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = args.results / "findings.md"
     if args.check:
-        if not out.is_file() or out.read_text() != text:
+        stale = [out for out, text in pages.items() if not out.is_file() or out.read_text() != text]
+        for out in stale:
             print(f"{out} is out of date: run python scripts/findings.py")
-            return 1
-        print(f"{out} up to date")
-        return 0
-    out.write_text(text)
-    print(f"wrote {out}")
+        if not stale:
+            print(f"{', '.join(map(str, pages))} up to date")
+        return 1 if stale else 0
+    for out, text in pages.items():
+        out.write_text(text)
+        print(f"wrote {out}")
     softmor = load(args.results, "fashion_softmor")
     if softmor is not None:  # the README's SoftMoR figure (a picture of the two trend rows above)
         print(f"wrote {args.results / softmor_figure(softmor, args.results / 'findings_softmor_r.png')}")

@@ -170,3 +170,17 @@ def test_accounting_script_check_passes_on_the_committed_files():
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert script.main(["--check"]) == 0
+
+
+def test_vit_parameters_grow_linearly_with_depth_and_bvit_parameters_do_not():
+    """Crossroads: a ViT's parameter count grows linearly with depth when each block is independently
+    parameterised; a bViT's does not grow with its steps (exact counts, not a fit)."""
+    from recurvit import create_model
+
+    def count(name, **kw):
+        return sum(p.numel() for p in create_model(name, img_size=32, patch_size=4, num_classes=100, **kw).parameters())
+
+    vit = [count("vit_tiny", depth=d) for d in range(1, 7)]
+    step = vit[1] - vit[0]
+    assert step > 0 and all(b - a == step for a, b in zip(vit, vit[1:]))  # the same increment every block
+    assert len({count("bvit_tiny", steps=s) for s in (1, 6, 12, 48)}) == 1  # one block at any depth

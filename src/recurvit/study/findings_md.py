@@ -112,8 +112,35 @@ def summary(lines: Sequence[Line]) -> List[str]:
     return out
 
 
-def render(root: Path, extra: Sequence[str] = ()) -> str:
-    lines = collect(root)
+GROUPS = (("confirmed", lambda ln: ln.evidence.status == CONFIRMATORY and ln.verdict == rules.REPRODUCED),
+          ("reproduced (exploratory)", lambda ln: ln.evidence.status != CONFIRMATORY and ln.verdict == rules.REPRODUCED),
+          ("not reproduced", lambda ln: ln.verdict in (rules.NOT_REPRODUCED, "outside tolerance", "failing")),
+          ("not separable here", lambda ln: ln.verdict == rules.NOT_SEPARABLE),
+          ("held by a count or a test", lambda ln: ln.verdict in ("within tolerance", "identity, tested")),
+          ("needs scale or data", lambda ln: ln.verdict.startswith("needs")))
+
+
+def by_source(lines: Sequence[Line]) -> List[str]:
+    """The front page's summary: each claim once (its strongest evidence), counted by work."""
+    best = list(strongest(lines).values())
+    sources = [s for s in dict.fromkeys(ln.claim.source for ln in best)]
+    head = ["work", "claims", *[name for name, _ in GROUPS], "other (targets, pending, qualified)"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for src in sources + ["all"]:
+        mine = [ln for ln in best if src in (ln.claim.source, "all")]
+        got = [sum(1 for ln in mine if test(ln)) for _, test in GROUPS]
+        cells = [src if src != "all" else "**all**", str(len(mine)), *map(str, got), str(len(mine) - sum(got))]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def summary_page(root: Path, lines: Sequence[Line]) -> str:
+    """results/findings_summary.md: the counts by work, then the two summary sentences."""
+    return "\n".join([*by_source(lines), "", *summary(lines)]) + "\n"
+
+
+def render(root: Path, extra: Sequence[str] = (), lines: Sequence[Line] = ()) -> str:
+    lines = list(lines) or collect(root)
     numbered = list(enumerate(lines, 1))
     conf = [(i, ln) for i, ln in numbered if ln.evidence.status in (CONFIRMATORY, PENDING)]
     explo = [(i, ln) for i, ln in numbered if ln.evidence.status not in (CONFIRMATORY, PENDING)]
