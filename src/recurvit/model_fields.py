@@ -32,6 +32,9 @@ class ViTFields:
     core: str = "stack"  # how depth runs: a name in models.cores.CORES (stack | recurrent | ode | softmor)
     steps: Optional[int] = None  # block-application steps at the trained depth (None: the core's default)
     stage_heads: int = 0  # >1: one head per deep-supervision stage (the last one is `head`)
+    dense: bool = False  # per-pixel logits (B, classes, H, W): each patch token predicts its p x p pixels
+    dynamic_img_size: bool = False  # any square input (a multiple of patch_size): the position embedding is
+    # resampled to the input's patch grid as timm's dynamic_img_size does (bicubic, timm's resample_abs_pos_embed)
 
 
 @dataclass

@@ -4,6 +4,12 @@ With ``core="stack"`` this is timm's ``VisionTransformer`` (same state_dict keys
 With ``core="recurrent"`` it is bViT: the same embedding and readout around ONE block applied
 ``steps`` times. ``forward_steps`` reads logits out after every step in a single pass.
 
+``dense=True`` reads every patch token instead of a pooled one: logits per pixel, (B, classes, H, W),
+each token's head giving its p x p pixels (a dense task such as the mazes of data/mazes.py).
+``dynamic_img_size=True`` runs a model at any square input size (a multiple of the patch size): the
+learned position embedding is resampled to the input's patch grid by timm's ``resample_abs_pos_embed``
+(at the built size nothing is resampled: the model is the one it was).
+
 Every core also answers timm's model contract (``forward_intermediates``, ``reset_classifier``,
 ``group_matcher``, ... in timm_contract.py, where an intermediate is the state after a STEP), and
 the bvit_* / srvit_* presets are timm models too (timm_presets.py).
@@ -12,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, is_dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Type
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type
 
 import torch
 import torch.nn as nn
@@ -103,8 +109,10 @@ class VisionTransformer(TimmContract, nn.Module):
         outputs on the model's device and dtype; nn.Identity and no stage heads for 0."""
         dd = dict(device=self.pos_embed.device, dtype=self.pos_embed.dtype)
 
+        outputs = num_classes * self.cfg.patch_size ** 2 if self.cfg.dense else num_classes  # dense: a patch's pixels
+
         def make() -> nn.Module:
-            return nn.Linear(self.embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
+            return nn.Linear(self.embed_dim, outputs, **dd) if num_classes > 0 else nn.Identity()
 
         self.head = make()
         n_extra = max(self.cfg.stage_heads - 1, 0) if num_classes > 0 else 0
@@ -134,10 +142,22 @@ class VisionTransformer(TimmContract, nn.Module):
         return self.core.nominal_steps
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
+        grid = (x.shape[-2] // self.cfg.patch_size, x.shape[-1] // self.cfg.patch_size)
         x = self.patch_embed(x)  # (B, N, D)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
-        return x + self.pos_embed
+        return x + self.pos_embed_for(grid)
+
+    def pos_embed_for(self, grid: Tuple[int, int]) -> torch.Tensor:
+        """The position embedding for a patch grid (rows, cols): the learned one at the built grid,
+        resampled to another (bicubic, as timm) when ``dynamic_img_size``."""
+        built = self.patch_embed.grid_size
+        if grid == (built, built) or not self.cfg.dynamic_img_size:
+            return self.pos_embed  # another grid without dynamic_img_size: the shapes disagree (an error)
+        from timm.layers import resample_abs_pos_embed
+
+        return resample_abs_pos_embed(self.pos_embed, list(grid), [built, built],
+                                      num_prefix_tokens=self.num_prefix_tokens)
 
     def iter_states(self, x: torch.Tensor, steps: Optional[int] = None,
                     grad_last: Optional[int] = None) -> Iterator[torch.Tensor]:
@@ -166,15 +186,26 @@ class VisionTransformer(TimmContract, nn.Module):
 
     def forward_head(self, z: torch.Tensor, pre_logits: bool = False, *, step: Optional[int] = None) -> torch.Tensor:
         """Normed tokens (B, T, D) -> logits (timm's signature); ``pre_logits``: the pooled feature
-        (B, head_hidden_size) instead. ``step`` picks the stage head when there are several."""
-        x = self.head_drop(self.fc_norm(self.pool(z)))
+        (B, head_hidden_size) instead. ``step`` picks the stage head when there are several. ``dense``:
+        every patch token is read, logits (B, num_classes, H, W) (``pre_logits``: the tokens (B, N, D))."""
+        x = self.head_drop(self.fc_norm(z[:, self.num_prefix_tokens:] if self.cfg.dense else self.pool(z)))
         if pre_logits:
             return x
+        head = self.head
         if self.stage_heads is not None and step is not None:
             s = self.stage_of(step)
             if s < len(self.stage_heads):
-                return self.stage_heads[s](x)
-        return self.head(x)
+                head = self.stage_heads[s]
+        return self.unpatchify(head(x)) if self.cfg.dense and self.num_classes > 0 else head(x)
+
+    def unpatchify(self, y: torch.Tensor) -> torch.Tensor:
+        """Per-token outputs (B, N, p*p*C) of a square grid -> per-pixel (B, C, H, W)."""
+        B, N, _ = y.shape
+        g, p = math.isqrt(N), self.cfg.patch_size
+        if g * g != N:
+            raise ValueError(f"a dense head reads a square grid of patch tokens, got {N} tokens")
+        y = y.reshape(B, g, g, p, p, -1)  # (B, rows, cols, p, p, C)
+        return y.permute(0, 5, 1, 3, 2, 4).reshape(B, -1, g * p, g * p)
 
     def forward(self, x: torch.Tensor, steps: Optional[int] = None) -> torch.Tensor:
         steps = self.core.check_steps(steps)
