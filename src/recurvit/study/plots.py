@@ -127,6 +127,34 @@ def epochs(cells: List[Dict[str, Any]], out: Path, name: str, key: str = "curve"
     return f"{ylabel} against epoch", _save(fig, out / EPOCHS[1])
 
 
+def every_run(rows: List[Dict[str, Any]], cell_of, out: Path, name: str) -> Tuple[str, str]:
+    """Every run's validation accuracy (test where the runs hold no split out) against epoch, one colour a
+    cell, the last 20% of the epochs shaded: whether a budget was enough, read off every run."""
+    fig = Figure(figsize=(6.4, 3.8), dpi=120)
+    ax = fig.add_subplot()
+    key = "val_acc_curve" if any(r.get("val_acc_curve") for r in rows) else "test_acc_curve"
+    colours, longest = {}, 0
+    for r in sorted(rows, key=lambda r: (cell_of(r), str(r.get("seed")))):
+        ys = [y for y in r.get(key) or [] if y is not None]
+        if not ys:
+            continue
+        cell = cell_of(r)
+        first = cell not in colours
+        colours.setdefault(cell, f"C{len(colours) % 10}")
+        ax.plot(range(1, len(ys) + 1), ys, lw=0.8, color=colours[cell], label=cell if first else None)
+        longest = max(longest, len(ys))
+    if longest:
+        ax.axvspan(longest - round(0.2 * longest), longest, color="grey", alpha=0.15, lw=0, label="last 20% of epochs")
+    ax.set_xlabel("epoch")
+    split = "validation" if key == "val_acc_curve" else "test"
+    ax.set_ylabel(f"{split} accuracy, every run (%)")
+    _percent(ax)
+    ax.grid(alpha=0.3)
+    _legend(ax, fontsize=6)
+    ax.set_title(f"{name}: {split} accuracy of every run against epoch", fontsize=9)
+    return f"{split} accuracy of every run against epoch", _save(fig, out / "every_run.png")
+
+
 def frontier(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) -> Tuple[str, str]:
     """Nominal accuracy against beyond-horizon accuracy, two panels (mean T..4T, at 16T)."""
     fig = Figure(figsize=(10, 4.2), dpi=120)

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Tuple
 from ..tasks import STUDIES
 from .grouping import pairs, table
 from .plateau import plateau_change
+from .plots import every_run
 from .power import seeds_needed
 from .spec import SEED_KEY, Study
 from .stats import fmt_p, mean_ci, welch
@@ -170,12 +171,43 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
     lines += comparisons(cs, study)
     if failed:
         lines += ["Failed runs (not in the table):", ""] + [f"- `{r['run_id']}`: {r['error']}" for r in failed] + [""]
-    for title, name in _plots(cs, study, out_dir, chance):
+    plots = _plots(cs, study, out_dir, chance)
+    if study.registration and rows:  # a registered study shows every run's curve: was its budget enough?
+        lines += every_run_table(rows, study)
+        plots.insert(0, every_run(rows, lambda r: _cell_name(r, study), out_dir, study.name))
+    for title, name in plots:
         lines += [f"![{title}]({name})", ""]
     from ..train.rundir import write_atomic
 
     write_atomic(out_dir / "report.md", "\n".join(lines))
     return out_dir / "report.md"
+
+
+def _cell_name(r: Dict[str, Any], study: Study) -> str:
+    return "/".join(str(r.get(a)) for a in study.cell_axes())
+
+
+def every_run_table(rows: List[Dict[str, Any]], study: Study) -> List[str]:
+    """Each run's last validation (else test) accuracy and its change over the last 20% of its epochs (a
+    least-squares line through them, :func:`recurvit.study.plateau.plateau_change`), against the plateau
+    criterion: whether the budget was enough is read off the data, run by run."""
+    from .plateau import PLATEAU_TOL, plateau_summary
+
+    key = "plateau_val" if any(r.get("plateau_val") is not None for r in rows) else "plateau_test"
+    curve = "val_acc_curve" if key == "plateau_val" else "test_acc_curve"
+    body = []
+    for r in sorted(rows, key=lambda r: (_cell_name(r, study), str(r.get("seed")))):
+        ys = [y for y in r.get(curve) or [] if y is not None]
+        change = r.get(key)
+        body.append([str(r.get("run_id")), str(len(ys)), f"{100 * ys[-1]:.2f}" if ys else "-",
+                     "-" if change is None else f"{100 * change:+.2f}",
+                     "-" if change is None else ("still rising" if change >= PLATEAU_TOL else
+                                                 "falling" if change <= -PLATEAU_TOL else "plateau")])
+    split = "validation" if key == "plateau_val" else "test"
+    return ([f"Every run (registered study): its last {split} accuracy and the change over its last 20% of "
+             f"epochs (points; a plateau is a change under {100 * PLATEAU_TOL:.1f} points either way):", ""]
+            + table(["run", "epochs", f"last {split} acc (%)", "Δ last 20% (points)", "reads"], body)
+            + ["", plateau_summary(rows), ""])
 
 
 def evaluated_table(cs: List[Dict[str, Any]], study: Study) -> List[str]:
