@@ -1,10 +1,73 @@
 import os
+import signal
+import time
 
 import pytest
 import torch
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+# Ctrl-C stops the suite. Tests run `recurvit.cli.main([...])` in-process, and main turns a
+# KeyboardInterrupt into "interrupted" and exit code 130, as a command should; inside pytest that swallowed
+# the user's Ctrl-C. So the signal is remembered here, and the suite stops after the test it arrived in,
+# ending every process the tests started (a killed `recurvit study` would otherwise leave its workers).
+_INTERRUPTED = []
+
+
+def _interrupt(signum, frame):
+    _INTERRUPTED.append(signum)
+    raise KeyboardInterrupt
+
+
+def _descendants(pid: int) -> list:
+    """Every process below ``pid`` (read from /proc; empty where there is none)."""
+    children = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def end_children(grace: float = 3.0) -> None:
+    """SIGTERM every process the test session started, then SIGKILL what is left after ``grace`` seconds."""
+    procs = _descendants(os.getpid())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in procs:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.time() + grace
+        while sig == signal.SIGTERM and time.time() < deadline and any(os.path.exists(f"/proc/{p}") for p in procs):
+            time.sleep(0.05)
+
+
+def pytest_configure(config):
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)  # a killed suite (timeout, CI) also ends its children
+
+
+def pytest_unconfigure(config):
+    end_children()
+
+
+@pytest.fixture(autouse=True)
+def _stop_on_ctrl_c():
+    yield
+    if _INTERRUPTED:
+        end_children()
+        pytest.exit("interrupted: the test suite stops here (every process it started was ended)", returncode=130)
 
 
 @pytest.fixture(autouse=True)
