@@ -1,8 +1,9 @@
 """Rows of figures to CSV with floats to 6 significant digits: the writer of the LoopVAE intervention and
-profile tables (the study results.csv, recurvit.study.report, formats its own rows the same way)."""
+profile tables, the horizon and anytime sweeps (the study results.csv, recurvit.study.report, formats its own rows the same way)."""
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Sequence
 
@@ -12,14 +13,16 @@ def fmt(v: Any) -> Any:
 
 
 def write_csv(rows: Iterable[Dict[str, Any]], path: str | Path, columns: Sequence[str]) -> Path:
-    """``rows`` (dicts) as a CSV with ``columns``, in that order; keys outside them are left out."""
-    path = Path(path)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: fmt(r.get(k)) for k in columns})
-    return path
+    """``rows`` (dicts) as a CSV with ``columns``, in that order; keys outside them are left out. Written
+    atomically, and only over a file with the same header line (one this writer wrote)."""
+    from .train.outputs import write_text
+
+    path, f = Path(path), io.StringIO(newline="")
+    w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: fmt(r.get(k)) for k in columns})
+    return write_text(path, f.getvalue(), ",".join(columns).encode(), "table")  # never over a file it did not write
 
 
 __all__: List[str] = ["write_csv", "fmt"]

@@ -14,7 +14,6 @@ on the test split (accuracy, steps per image, real images/s against fixed depth 
 """
 from __future__ import annotations
 
-import csv
 import statistics
 import time
 from pathlib import Path
@@ -167,11 +166,9 @@ CSV_KEYS = ["threshold", "accuracy", "mean_steps", "median_steps", "p90_steps", 
 
 
 def write_csv(rows: List[dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_KEYS)
-        for r in rows:
-            w.writerow(["" if r.get(k) is None else f"{r[k]:.6g}" for k in CSV_KEYS])
+    from ..tables import write_csv as write_table
+
+    write_table([{k: None if r.get(k) is None else float(r[k]) for k in CSV_KEYS} for r in rows], path, CSV_KEYS)
 
 
 def draw(ax, fixed: Sequence[float], curves: Dict[str, dict], T: int, title: str = "") -> None:
@@ -211,7 +208,9 @@ def plot(panels: List[dict], path: Path) -> None:
     for i, p in enumerate(panels):
         draw(fig.add_subplot(rows, cols, i + 1), p["fixed"], p["curves"], p["T"], p.get("title", ""))
     fig.tight_layout()
-    fig.savefig(path)
+    from ..train.outputs import save_figure
+
+    save_figure(fig, path)
 
 
 __all__ = ["trajectories", "fixed_accuracy", "point", "thresholds", "choose", "calibrate", "runners",

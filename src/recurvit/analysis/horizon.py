@@ -5,7 +5,6 @@ models each yielded state is a solver grid point, so "step" k is time k*h.
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
@@ -68,12 +67,10 @@ def summarize(sweep: Dict[str, List[float]], trained: int) -> Dict[str, Optional
 
 
 def write_csv(sweep: Dict[str, List[float]], path: Path) -> None:
+    from ..tables import write_csv as write_table
+
     keys = ["step", "accuracy", "loss", "rel_change"]
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(keys)
-        for row in zip(*(sweep[k] for k in keys)):
-            w.writerow([row[0]] + [f"{v:.6g}" for v in row[1:]])
+    write_table([dict(zip(keys, row)) for row in zip(*(sweep[k] for k in keys))], path, keys)
 
 
 def plot(curves: Dict[str, Dict[str, List[float]]], trained: int, path: Path, title: str = "",
@@ -99,4 +96,6 @@ def plot(curves: Dict[str, Dict[str, List[float]]], trained: int, path: Path, ti
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
+    from ..train.outputs import save_figure
+
+    save_figure(fig, path)

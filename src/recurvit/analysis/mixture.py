@@ -88,4 +88,6 @@ def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tenso
                  label=f"mixture weight (white: uniform 1/{r} = {uniform:.2f}; red above, blue below)")
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.savefig(path)
+    from ..train.outputs import save_figure
+
+    save_figure(fig, path)

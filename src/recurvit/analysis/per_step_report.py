@@ -11,6 +11,7 @@ from typing import List, Sequence
 
 import torch
 from matplotlib.figure import Figure
+from ..train.outputs import output_dir, save_figure
 
 
 # ------------------------------------------------------------------------------- summary
@@ -79,8 +80,7 @@ def _write_csv(path, header: Sequence[str], rows: Sequence[Sequence]) -> None:
 
 def write_outputs(res: dict, out_dir, title: str = "") -> List[str]:
     """CSVs and PNGs for every analysis present in ``res``; returns the written paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(Path(out_dir))
     written: List[str] = []
 
     def csv_(name, header, rows):
@@ -125,7 +125,7 @@ def plot_all(res: dict, out, title: str = "") -> List[str]:
         if title:
             fig.suptitle(title, fontsize=9)
         fig.tight_layout()
-        fig.savefig(out / name)
+        save_figure(fig, out / name)
         written.append(str(out / name))
 
     if "readout" in res or "norms" in res:
@@ -181,7 +181,7 @@ def plot_all(res: dict, out, title: str = "") -> List[str]:
         fig.colorbar(im, ax=axes, shrink=0.8, label=f"linear CKA (1: the same representation; scale from {low:.1f})")
         if title:
             fig.suptitle(title, fontsize=9)
-        fig.savefig(out / "cka.png")
+        save_figure(fig, out / "cka.png")
         written.append(str(out / "cka.png"))
     if "pruning" in res:
         p = res["pruning"]
@@ -213,6 +213,6 @@ def plot_all(res: dict, out, title: str = "") -> List[str]:
         axes[2].grid(alpha=0.3)
         if title:
             fig.suptitle(title, fontsize=9)
-        fig.savefig(out / "pruning.png")
+        save_figure(fig, out / "pruning.png")
         written.append(str(out / "pruning.png"))
     return written

@@ -77,8 +77,9 @@ def run(args) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     rows, test = res.pop("sweep"), res["test"]
-    out_dir = args.out or (args.run if args.run.is_dir() else args.run.parent)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from ..train.outputs import output_dir
+
+    out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))
     A.write_csv(rows, out_dir / "exit.csv")
     label = f"{cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)})"
     A.plot([{"title": f"{label}: exit by {args.criterion}", "T": res["trained_steps"], "fixed": res["fixed_accuracy"],

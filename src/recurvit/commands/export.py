@@ -36,14 +36,18 @@ def run(args) -> int:
 
         files = [str(export_program(args.run, args.out, args.format))]
     else:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
-        from ..train.checkpoint import load_model
+        from ..train.checkpoint import atomic_write, check_finite, load_model
+        from ..train.outputs import output_dir
 
         if args.out.exists():
             raise UserError(f"{args.out} exists; choose another OUT")
+        output_dir(args.out.parent, "OUT")
         model = load_model(args.run)
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(args.out))
+        check_finite(model, args.run)
+        data = save({k: v.contiguous() for k, v in model.state_dict().items()})
+        atomic_write(args.out, lambda f: f.write(data), needed=len(data))
         files = [str(args.out)]
     if args.json:
         print_json({"run": str(args.run), "format": args.format, "files": files})

@@ -25,10 +25,12 @@ def add_parser(sub):
 def run(args) -> int:
     from ..analysis.horizon import horizon_sweep, plot, summarize, write_csv
     from ..errors import UserError
+    from ..train.outputs import output_dir
 
     if args.max_steps is not None and args.max_steps < 1:
         raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
     model, cfg, device, test_loader, info = open_trained(args)
+    out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))  # before the work
     T = model.nominal_steps
     K = args.max_steps or 16 * T
     note = None
@@ -37,8 +39,6 @@ def run(args) -> int:
         K = model.core.limit
     check_cost(model, test_loader, device, K, len(test_loader), args)
     sweep = horizon_sweep(model, test_loader, device, K, progress=not args.json)
-    out_dir = args.out or (args.run if args.run.is_dir() else args.run.parent)
-    out_dir.mkdir(parents=True, exist_ok=True)
     write_csv(sweep, out_dir / "horizon.csv")
     label = f"{cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)})"
     chance = 1.0 / info.num_classes

@@ -28,8 +28,9 @@ def run(args) -> int:
         res = mixture_weights(model, test_loader, device, images=args.examples)
     except ValueError as e:
         raise UserError(str(e)) from None
-    out = args.out or (args.run if args.run.is_dir() else args.run.parent)
-    out.mkdir(parents=True, exist_ok=True)
+    from ..train.outputs import output_dir
+
+    out = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))
     n = res["examples"].shape[0]
     imgs = next(iter(test_loader))[0][:n]
     mean_t = res["mean"]

@@ -152,8 +152,9 @@ def study_lock(out: Path, reading: bool = False):
     import fcntl
 
     from ..errors import UserError
+    from ..train.outputs import output_dir
 
-    out.mkdir(parents=True, exist_ok=True)
+    output_dir(out)
     fd = os.open(out / ".study.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:

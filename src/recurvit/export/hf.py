@@ -38,26 +38,30 @@ def architecture(cfg) -> str:
 
 
 def export_hf(run: Path, out: Path) -> Path:
-    from safetensors.torch import save_file
+    """``out``: a new folder with config.json and model.safetensors, written under a temporary name and
+    renamed when complete (a kill leaves no half folder that the same export would then refuse)."""
+    from safetensors.torch import save
 
     from ..errors import UserError
-    from ..train.checkpoint import load_model_and_config
+    from ..train.checkpoint import atomic_write, check_finite, load_model_and_config
+    from ..train.outputs import staged_dir
 
     model, cfg = load_model_and_config(run)
+    check_finite(model, run)
     if getattr(model, "adapters", None):
         raise UserError("a step-LoRA fine-tune cannot be exported as one set of weights; export its unrolled.pt")
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise UserError(f"{out} exists and is not empty; choose another OUT")
-    out.mkdir(parents=True, exist_ok=True)
     args = {**model_args(cfg), "core": model.cfg.core}  # the entry point's preset may default to another core
     pre = dict(getattr(model, "pretrained_cfg", None) or {})
     pre.pop("recurvit_data", None)
     config = {"architecture": architecture(cfg), "model_args": args, "num_classes": cfg.model.num_classes,
               "label_names": pre.get("label_names", []), "pretrained_cfg": pre,
               "recurvit": {"model": cfg.model.name, "data": (getattr(model, "pretrained_cfg", {}) or {}).get("recurvit_data")}}
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    text = (json.dumps(config, indent=2) + "\n").encode()
+    weights = save({k: v.contiguous() for k, v in model.state_dict().items()})
+    with staged_dir(out) as tmp:
+        atomic_write(tmp / "config.json", lambda f: f.write(text), needed=len(text))
+        atomic_write(tmp / "model.safetensors", lambda f: f.write(weights), needed=len(weights))
     return out
 
 

@@ -16,17 +16,20 @@ TOOLS = {"torch-export": "torch.export", "onnx": "torch.onnx.export"}
 
 def export_program(run: Path, out: Path, fmt: str = "torch-export") -> Path:
     from ..errors import UserError
-    from ..train.checkpoint import load_model
+    from ..train.checkpoint import atomic_write, check_finite, load_model
+    from ..train.outputs import claim_file, output_dir, write_by_name
 
     out = Path(out)
     if out.exists():
         raise UserError(f"{out} exists; choose another OUT")
+    output_dir(out.parent, "OUT")  # a missing parent folder is made; an unwritable one is one line, before the work
     if fmt == "onnx":
         try:
             import onnxscript  # noqa: F401  (torch.onnx's exporter needs it)
         except ImportError:
             raise UserError("--format onnx needs the onnx extra: pip install -e '.[onnx]'") from None
     model = load_model(run).cpu().eval()
+    check_finite(model, run)
     c = model.cfg
     x = torch.zeros(2, c.in_chans, c.img_size, c.img_size)
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
@@ -48,7 +51,9 @@ def export_program(run: Path, out: Path, fmt: str = "torch-export") -> Path:
     finally:
         logging.disable(logging.NOTSET)
     if fmt == "onnx":
-        program.save(str(out))
-    else:
-        torch.export.save(program, str(out))
+        return write_by_name(out, program.save)
+    buf = io.BytesIO()  # in memory first: torch's own file writer aborts the process on a full disk
+    torch.export.save(program, buf)
+    data = buf.getvalue()
+    atomic_write(claim_file(out, None, "OUT"), lambda f: f.write(data), needed=len(data))
     return out

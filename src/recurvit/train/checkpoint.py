@@ -39,15 +39,20 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-def _no_space(e: BaseException) -> Optional[OSError]:
-    """The full-disk OSError behind ``e`` (torch's zip writer wraps it in a RuntimeError), or None."""
+def _behind(e: BaseException, wanted: Callable[[BaseException], bool]) -> Optional[BaseException]:
+    """The first exception in ``e``'s chain (itself, then what it wraps) that is ``wanted``, or None."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in NO_SPACE:
+        if wanted(e):
             return e
         e = e.__cause__ or e.__context__
     return None
+
+
+def _no_space(e: BaseException) -> Optional[OSError]:
+    """The full-disk OSError behind ``e`` (torch's zip writer wraps it in a RuntimeError), or None."""
+    return _behind(e, lambda x: isinstance(x, OSError) and x.errno in NO_SPACE)
 
 
 class DiskFull(UserError):
@@ -78,6 +83,16 @@ def raise_if_no_space(e: BaseException, path: str | Path, needed: Optional[int] 
         raise DiskFull(path, full, needed) from None
 
 
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG)
+
+
+def raise_if_unwritable(e: BaseException, path: str | Path) -> None:
+    """One line (UserError) if ``e`` says ``path`` cannot be written where it is (read-only, missing parent
+    folder, a directory in the way); otherwise nothing."""
+    if isinstance(e, OSError) and e.errno in UNWRITABLE:
+        raise UserError(f"cannot write {path}: {e.strerror or e}; choose a writable location") from None
+
+
 def _size(n: int) -> str:
     return f"{n:,} bytes" if n < 10**6 else f"{n / 10**6:,.1f} MB ({n:,} bytes)"
 
@@ -93,12 +108,14 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], needed: Op
     """``write(f)`` into a temp file in the same directory, fsync, rename over ``path``, fsync the
     directory: a crash (or a power loss) never leaves half a file (a leftover ``.NAME.XXXX.tmp`` is
     removed by the next RunDir.resume). A full disk is one line naming ``path`` (and ``needed``, the
-    bytes it takes, where the caller knows them); the file it would have replaced is left as it was."""
+    bytes it takes, where the caller knows them); the file it would have replaced is left as it was. A
+    place that cannot be written (read-only, no such folder, a directory at ``path``) is one line too."""
     path = Path(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
         raise_if_no_space(e, path, needed)
+        raise_if_unwritable(e, path)
         raise
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600: follow the umask, as a plain open() would
@@ -110,7 +127,11 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], needed: Op
     except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if _behind(e, lambda x: isinstance(x, KeyboardInterrupt)) is not None:  # Ctrl-C inside torch's zip
+            raise KeyboardInterrupt from None  # writer comes out as "enforce fail ... unexpected pos": say interrupted
         raise_if_no_space(e, path, needed)
+        if isinstance(e, IsADirectoryError):  # the rename found a directory at ``path``
+            raise_if_unwritable(e, path)
         raise
     fsync_dir(path.parent)
 

@@ -141,7 +141,9 @@ def plot(rows: List[Dict[str, Any]], path: str | Path, title: str = "") -> Path:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    from ..train.outputs import save_figure
+
+    save_figure(fig, path, dpi=120)
     return path
 
 
