@@ -43,6 +43,7 @@ Adapters themselves (where they go, merging, unrolling) are :mod:`recurvit.model
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -103,6 +104,12 @@ def prepare(model: nn.Module, method: str, rank: int = 4, alpha: Optional[float]
     if method in ("lora", "step_lora"):
         if rank < 1:
             raise UserError(f"--rank must be >= 1, got {rank}")
+        width = model.cfg.embed_dim  # every adapted weight (qkv, proj, fc1, fc2) has this many rows or columns
+        if rank > width:  # no more expressive than full rank, at more parameters (--rank 100000: 153.6M on a 115k model)
+            raise UserError(f"--rank {rank} is more than the rank of the adapted weights ({width}, the model's width); "
+                            f"choose --rank <= {width}, or --method full")
+        if alpha is not None and not (math.isfinite(alpha) and alpha > 0):
+            raise UserError(f"--alpha must be a finite number > 0 (the update is alpha / rank * B A), got {alpha}")
         try:
             spec = adapter_spec(model, method, rank, alpha)
         except ValueError as e:
@@ -290,6 +297,11 @@ def finetune_resume(run_dir, overrides: Optional[List[str]] = None, log=print,
         recipe = json.loads((run_dir / RECIPE).read_text())
         method, source, data = recipe["method"], recipe["source"], recipe["data"]
     except (OSError, ValueError, KeyError, TypeError):
+        from ..train.rundir import never_trained
+
+        if never_trained(run_dir):  # killed while it started: nothing to go on from, and its recipe is unknown
+            raise UserError(f"cannot resume {run_dir}: it stopped before its first epoch ended, so its recipe is "
+                            f"unknown; start it again with its original command and --out {run_dir}") from None
         raise UserError(f"cannot resume {run_dir}: it has no readable {RECIPE} (is it a fine-tune run directory?)") from None
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"cannot resume {run_dir}: it has no config.yaml; start the fine-tune again")

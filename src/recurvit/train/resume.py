@@ -6,7 +6,7 @@ The rule: overrides given with ``--resume`` APPLY when they change how training 
 (``optim.follow_config``) and config.yaml is rewritten with them. Overrides that would change
 WHAT is trained (the model, the data set and its augmentation, the seed, the batch size, which
 fixes the iterations of every epoch already run, per-stage heads, which add modules) are refused
-with one line naming the keys.
+with one line naming the keys; so is ``train.epochs`` below the epoch the checkpoint is at.
 """
 from __future__ import annotations
 
@@ -48,6 +48,10 @@ def check_resume(run: str, epoch: int, changes: List[Change], fixed: Iterable[st
     if refused:
         raise UserError(f"--resume {run} cannot change {', '.join(refused)} (they define what is trained); "
                         "start a new run with --out instead")
+    below = [(k, b) for k, _, b in changes if k == "train.epochs" and isinstance(b, int) and b < epoch]
+    if below:  # config.yaml would say fewer epochs than last.pt holds: the run would contradict itself
+        raise UserError(f"--resume {run} is at epoch {epoch} already; train.epochs={below[0][1]} would record fewer "
+                        f"epochs than its checkpoint holds; give train.epochs >= {epoch} (or evaluate the run as it is)")
     said = ", ".join(f"{k} {_fmt(a)} -> {_fmt(b)}" for k, a, b in changes)
     return f"resuming {run} at epoch {epoch}" + (f": {said}" if said else "")
 

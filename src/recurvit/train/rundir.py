@@ -2,8 +2,9 @@
 
 Classification training, fine-tuning and LoopVAE training all keep their runs through this class:
 
-- **create** (``RunDir.create``): a new directory, never over an existing non-empty one; an
-  unwritable place or a path that is a file is one clear error.
+- **create** (``RunDir.create``): a new directory, never over an existing non-empty one (except one
+  left by a start killed before its first epoch ended: ``never_trained``); an unwritable place or a
+  path that is a file is one clear error.
 - **lock**: an exclusive ``fcntl.flock`` on ``RUN/.lock``, taken before anything is read or
   written and held for the life of the run. The OS releases it on any exit, kill -9 included, so a
   crashed run never blocks its ``--resume``; a second process on the same directory (a second
@@ -70,7 +71,7 @@ class RunDir:
             return cls(path, created=False, owner=False)
         if path.exists() and not path.is_dir():
             raise UserError(f"--out {path} is a file, not a directory; choose another --out")
-        if path.is_dir() and any(p.name != LOCK for p in path.iterdir()):  # before the lock file is made
+        if path.is_dir() and not never_trained(path) and any(p.name != LOCK for p in path.iterdir()):  # before the lock
             raise UserError(f"run directory {path} already exists and is not empty; choose another --out "
                             f"or pass --resume {path}")
         created = False
@@ -84,6 +85,9 @@ class RunDir:
             raise UserError(f"cannot create run directory {path}: {e.strerror or e}; choose a writable --out") from None
         run = cls(path, created)
         run._lock()
+        if never_trained(path):  # a start killed before its first epoch ended: its leftovers go, the run starts again
+            for leftover in run._contents():
+                shutil.rmtree(leftover) if leftover.is_dir() and not leftover.is_symlink() else leftover.unlink()
         if run._contents():
             run.release()
             raise UserError(f"run directory {path} already exists and is not empty; choose another --out "
@@ -215,13 +219,28 @@ class RunDir:
             ckpt_io.save_atomic(obj, self.path / name)
 
 
+def never_trained(path: Path) -> bool:
+    """Whether ``path`` is a run directory left by a start killed before its first epoch ended (while it
+    wrote config.yaml or a task's recipe, e.g. finetune.json): a lock file, and besides it only what such a
+    start writes; no checkpoint, no metric line. Starting there again loses nothing."""
+    path = Path(path)
+    if not (path / LOCK).is_file():  # the mark that recurvit made it a run directory
+        return False
+    for p in path.iterdir():
+        started = (p.name in (LOCK, CONFIG, "tb", "error.txt") or (p.name.startswith(".") and p.name.endswith(".tmp"))
+                   or (p.suffix == ".json" and p.name != "result.json" and p.is_file()) or (p.name == METRICS and p.stat().st_size == 0))
+        if not started:
+            return False
+    return True
+
+
 def check_available(path: Path, resume: bool) -> None:
     """The checks of ``create`` / ``resume`` that need no lock (a launcher's, before its workers)."""
     path = Path(path)
     if resume:
         if not path.is_dir():
             raise UserError(f"cannot resume: {path} is not a run directory")
-    elif path.exists() and (not path.is_dir() or any(p.name != LOCK for p in path.iterdir())):
+    elif path.exists() and (not path.is_dir() or (not never_trained(path) and any(p.name != LOCK for p in path.iterdir()))):
         what = "is a file" if not path.is_dir() else "already exists and is not empty"
         raise UserError(f"run directory {path} {what}; choose another --out" + (f" or pass --resume {path}"
                                                                                    if path.is_dir() else ""))
