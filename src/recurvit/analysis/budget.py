@@ -89,10 +89,11 @@ def check_train_memory(model: nn.Module, input_shape: Tuple[int, int, int], step
 
 @torch.no_grad()
 def check_eval_cost(model: nn.Module, x: torch.Tensor, steps: int, batches: int, keeps_states: bool = False,
-                    force: bool = False) -> Dict[str, float]:
+                    force: bool = False, setting: str = "--steps") -> Dict[str, float]:
     """Seconds of evaluating ``batches`` batches like ``x`` at ``steps`` steps, from one batch timed
     at one and two steps; memory of the states kept when ``keeps_states`` (an ODE solve keeps every
-    grid state; a per-step sweep keeps per-step figures only). UserError when far beyond the machine."""
+    grid state; a per-step sweep keeps per-step figures only). UserError when far beyond the machine
+    (``setting``: what the user set to get ``steps``, for the message)."""
     model.eval()
 
     def timed(k: int) -> float:
@@ -110,9 +111,25 @@ def check_eval_cost(model: nn.Module, x: torch.Tensor, steps: int, batches: int,
     free = free_memory(x.device)
     if not force:
         if seconds > MAX_EVAL_SECONDS:
-            raise UserError(f"--steps {steps:,} would take about {seconds / 3600:,.0f} h here ({batches} batches; "
+            raise UserError(f"{setting} {steps:,} would take about {seconds / 3600:,.0f} h here ({batches} batches; "
                             f"about {per_step * 1e3:.2f} ms per step and batch); choose fewer steps, or --force")
         if states > FIT * free:
-            raise UserError(f"--steps {steps:,} keeps about {_gib(states)} of states per batch but {_gib(free)} are "
+            raise UserError(f"{setting} {steps:,} keeps about {_gib(states)} of states per batch but {_gib(free)} are "
                             "free; choose fewer steps, or --force")
     return {"seconds": seconds, "state_bytes": states}
+
+
+@torch.no_grad()
+def check_applications_cost(run: Callable[[], object], applications: int, total_applications: int, batches: int,
+                            setting: str, force: bool = False) -> float:
+    """:func:`check_eval_cost` for a model whose cost is its block applications (a LoopVAE): ``run()``
+    (one batch at ``applications`` applications) is timed, and ``batches`` batches of
+    ``total_applications`` in all are priced from it; UserError naming ``setting`` when far beyond."""
+    t0 = time.perf_counter()
+    run()
+    per_app = (time.perf_counter() - t0) / max(applications, 1)
+    seconds = batches * total_applications * per_app
+    if seconds > MAX_EVAL_SECONDS and not force:
+        raise UserError(f"{setting} would take about {seconds / 3600:,.0f} h here ({batches} batches, "
+                        f"{total_applications:,} block applications each); choose fewer, or --force")
+    return seconds

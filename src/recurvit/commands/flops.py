@@ -1,7 +1,7 @@
 """recurvit flops MODEL [key=value ...] [--batch-size B] [--steps K] [--json]"""
 from __future__ import annotations
 
-from . import add_device_arg, fmt_int, parse_overrides, print_json
+from . import add_device_arg, add_force_arg, fmt_int, parse_overrides, print_json
 
 
 def add_parser(sub):
@@ -12,6 +12,7 @@ def add_parser(sub):
     p.add_argument("overrides", nargs="*", metavar="key=value", help="model options, e.g. img_size=32 patch_size=4 steps=6")
     p.add_argument("--batch-size", type=int, default=8, help="batch size of the memory measurement (default 8)")
     p.add_argument("--steps", type=int, help="run the forward at this many steps instead of the trained depth")
+    add_force_arg(p)
     add_device_arg(p)
     p.add_argument("--no-memory", action="store_true", help="skip the training-memory measurement")
     p.add_argument("--list", action="store_true", help="list the presets")
@@ -33,9 +34,13 @@ def run(args) -> int:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     from ..runtime import pick_device
 
+    device = pick_device(args.device)
     try:
-        res = account(args.model, batch=args.batch_size, device=pick_device(args.device), memory=not args.no_memory,
-                      run_steps=args.steps, **parse_overrides(args.overrides))
+        from ..models import create_model
+
+        model = create_model(args.model, **parse_overrides(args.overrides)).to(device)
+        _check_cost(model, args, device)
+        res = account(model, batch=args.batch_size, device=device, memory=not args.no_memory, run_steps=args.steps)
     except ValueError as e:
         raise UserError(str(e)) from None
     if args.json:
@@ -54,3 +59,20 @@ def run(args) -> int:
     for k, v in rows:
         print(f"  {k:<34}{v:>18}")
     return 0
+
+
+def _check_cost(model, args, device) -> None:
+    """The measurement priced first (``--force`` overrides): a forward and a backward pass at the steps it
+    runs (``steps=1000000000000`` would run for days), and the training memory of ``--batch-size``."""
+    import torch
+
+    from ..analysis.budget import check_eval_cost, check_train_memory
+
+    c = model.cfg
+    shape = (c.in_chans, c.img_size, c.img_size)
+    steps = args.steps or model.nominal_steps
+    setting = "--steps" if args.steps else "steps"
+    check_eval_cost(model, torch.zeros(1, *shape, device=device), steps, 3, force=args.force, setting=setting)
+    if not args.no_memory:
+        check_train_memory(model, shape, steps, args.batch_size, device, f"--batch-size {args.batch_size:,} at "
+                           f"{steps:,} steps", force=args.force)

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import csv
+import io
 import sys
 from pathlib import Path
 
-from . import add_device_arg, print_json
+from . import add_device_arg, add_force_arg, check_cost_of, print_json
 
 
 def add_parser(sub):
@@ -20,6 +21,7 @@ def add_parser(sub):
     p.add_argument("--topk", type=int, default=5, help="classes to print per image")
     p.add_argument("--steps", type=int, help="steps to run (default: the trained depth)")
     p.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
+    add_force_arg(p)
     add_device_arg(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the predictions as JSON")
@@ -27,18 +29,25 @@ def add_parser(sub):
     return p
 
 
+CSV_HEADER = ["image", "rank", "label", "prob"]  # the first line of every --csv file: the mark that it may be rewritten
+
+
 def run(args) -> int:
     from ..errors import UserError
     from ..export.predict import image_files, predict, read_images
-    from ..train.checkpoint import load_model
+    from ..train.checkpoint import check_finite, load_model
+    from ..train.outputs import claim_file, write_text
     from ..runtime import pick_device
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
+    if args.csv:  # before any work: never over a file predict did not write (a checkpoint, a config)
+        claim_file(args.csv, ",".join(CSV_HEADER).encode(), what="--csv")
     model = load_model(args.run)
     if not getattr(model, "pretrained_cfg", None):
         raise UserError(f"{args.run} carries no preprocessing and its data set is not at hand to derive it; "
                         "train it again with this recurvit (checkpoints now keep it)")
+    check_finite(model, args.run)  # NaN weights would print "nan" probabilities
     model.to(pick_device(args.device))
     pairs, bad = read_images(image_files(args.images))
     if not pairs:  # one line: the first file's reason (the others are alike or listed with a readable one)
@@ -47,16 +56,19 @@ def run(args) -> int:
         raise UserError(f"none of the {len(bad)} files given could be read as an image: {name!r}: {why}{more}")
     for name, why in bad:
         print(f"skipped {name!r}: {why}", file=sys.stderr)
+    if args.steps is not None:  # priced before it runs: --steps 1000000000 is refused, not a hang
+        check_cost_of(model, len(pairs), args.batch_size, args.steps, args)
     preds = predict(model, [im for _, im in pairs], topk=args.topk, steps=args.steps, batch_size=args.batch_size,
                     names=[n for n, _ in pairs])
     if args.json:
         print_json({"run": str(args.run), "predictions": [p.as_dict() for p in preds], "skipped": len(bad)})
     elif args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["image", "rank", "label", "prob"])
-            for p in preds:
-                w.writerows([p.source, k, name, f"{q:.6g}"] for k, (name, q) in enumerate(p.top, 1))
+        f = io.StringIO(newline="")
+        w = csv.writer(f)
+        w.writerow(CSV_HEADER)
+        for p in preds:
+            w.writerows([p.source, k, name, f"{q:.6g}"] for k, (name, q) in enumerate(p.top, 1))
+        write_text(args.csv, f.getvalue(), ",".join(CSV_HEADER).encode(), what="--csv")
         print(f"wrote {len(preds)} predictions to {args.csv}")
     else:
         for p in preds:

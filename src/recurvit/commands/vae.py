@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from . import add_device_arg, config_and_overrides, launch_processes, load_run_config, print_json
+from . import add_device_arg, add_force_arg, config_and_overrides, launch_processes, load_run_config, print_json
 
 
 def _ints(text: str, what: str, minimum: int = 0):
@@ -113,6 +113,7 @@ def _run_opts(p, loops: bool = True):
         p.add_argument("--dec-loops", help="decoder loops per scale (overrides --loops)")
     p.add_argument("--data-root", help="override data.root (data moved since training)")
     p.add_argument("--images", type=int, help="evaluate on at most this many test images")
+    add_force_arg(p)
     add_device_arg(p)
 
 
@@ -212,6 +213,17 @@ def _eval(args) -> int:
     return 0
 
 
+def _check_cost(model, loader, device, specs, args) -> None:
+    """The interventions priced by their block applications before they run (``--extra 100000000``)."""
+    from ..analysis.budget import check_applications_cost
+
+    x = next(iter(loader)).to(device)  # a batch of images (the VAE's loaders carry no labels)
+    total = sum(model.block_applications(enc_loops=s["enc"], dec_loops=s["dec"])["total"] for s in specs)
+    check_applications_cost(lambda: model.eval().reconstruct(x, sample=False), model.block_applications()["total"],
+                            total, len(loader), "these interventions (--truncate / --extra / --factors)",
+                            force=args.force)
+
+
 def _intervene(args) -> int:
     from ..vae.interventions import intervention_specs, plot, run_interventions, write_csv
 
@@ -224,9 +236,11 @@ def _intervene(args) -> int:
     factors = _floats(args.factors, "--factors") if args.factors else []
     model, cfg, _, _, loader, device = _setup(args)
     specs = intervention_specs(model, truncate, extra, factors, args.loop, sides)
+    _check_cost(model, loader, device, specs, args)
     rows = run_interventions(model, loader, device, specs, cfg.train.amp, progress=not args.json)
-    out = args.out or (Path(args.run) if Path(args.run).is_dir() else Path(args.run).parent)
-    out.mkdir(parents=True, exist_ok=True)
+    from ..train.outputs import output_dir
+
+    out = output_dir(args.out or (Path(args.run) if Path(args.run).is_dir() else Path(args.run).parent))
     csv_path = write_csv(rows, out / "intervene.csv")
     png_path = plot(rows, out / "intervene.png", title=f"{cfg.model.name}: loop interventions on {cfg.data.name}")
     if args.json:
@@ -271,7 +285,9 @@ def _profile(args) -> int:
         _, _, info = build_vae_datasets(cfg.data, cfg.train.seed)
         cfg = resolve_vae_config(cfg, info)
     rows = profile_models(cfg, operators, matched=not args.no_matched, batch=args.batch_size, repeats=args.repeats, device=args.device)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    from ..train.outputs import output_dir
+
+    output_dir(args.out.parent)
     path = write_csv(rows, args.out)
     if args.json:
         print_json({"csv": str(path), "rows": rows})
