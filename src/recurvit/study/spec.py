@@ -120,6 +120,10 @@ def load_study(path: str | Path) -> Study:
     for key in ("name", "grid") + (() if raw.get("from") else ("base",)):
         if key not in raw:
             raise UserError(f"study file {p} needs a '{key}:' entry (see recurvit/study/spec.py)")
+    name = raw["name"]  # it names folders (runs/studies/<name>): it must stay inside the working folder
+    if not isinstance(name, str) or not LABEL.fullmatch(name) or name in (".", ".."):
+        raise UserError(f"study file {p}: name must be one word of letters, digits, '_', '.', '+', '-' (it names "
+                        f"the study's folders), got {name!r}")
     for key in ("grid", "overrides", "eval", "report"):
         if raw.get(key) is not None and not isinstance(raw[key], dict):
             raise UserError(f"study file {p}: '{key}:' must be a mapping (key: value lines), "
