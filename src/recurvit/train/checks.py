@@ -92,10 +92,38 @@ def check_train_config(cfg: RunConfig) -> None:
             raise UserError(f"model.{key} must be in [0, 1), got {value}")
     if t.supervision.stages < 1:
         raise UserError("train.supervision.stages must be >= 1")
+    _check_more(cfg)
     if t.eval_every < 1:
         raise UserError(f"train.eval_every must be >= 1, got {t.eval_every}")
     if t.tensorboard:
         require_tensorboard()
+
+
+def _check_more(cfg: RunConfig) -> None:
+    """The rest of :func:`check_train_config` (issue 39: values that once trained into nonsense in silence, or
+    failed with a traceback at the first batch)."""
+    t, m, d = cfg.train, cfg.model, cfg.train.depth
+    if not (isinstance(t.seed, int) and -2**63 <= t.seed < 2**64):  # what torch.manual_seed takes
+        raise UserError(f"train.seed must be an integer in [0, 2**64), got {t.seed}")
+    if m.mlp_ratio is not None and not (_number(m.mlp_ratio) and math.isfinite(m.mlp_ratio) and m.mlp_ratio > 0):
+        raise UserError(f"model.mlp_ratio must be a finite number > 0 (MLP hidden = mlp_ratio x embed_dim), "
+                        f"got {m.mlp_ratio}")
+    if m.stage_heads is not None and m.stage_heads < 0:
+        raise UserError(f"model.stage_heads must be >= 0, got {m.stage_heads}")
+    if m.steps is not None and m.steps >= 1 and t.supervision.stages > m.steps:  # was clamped to the steps in silence
+        raise UserError(f"train.supervision.stages={t.supervision.stages} is more than model.steps={m.steps} "
+                        f"(one readout a step at most); choose stages <= {m.steps}")
+    if t.log_every < 0:
+        raise UserError(f"train.log_every must be >= 0 (0: no log lines), got {t.log_every}")
+    if not (_number(d.sigma) and math.isfinite(d.sigma) and d.sigma > 0):
+        raise UserError(f"train.depth.sigma must be a finite number > 0, got {d.sigma}")
+    if d.truncate < 0:
+        raise UserError(f"train.depth.truncate must be >= 0 (0: backpropagate through every step), got {d.truncate}")
+    if d.min_steps < 1 or (d.max_steps is not None and d.max_steps < d.min_steps):
+        raise UserError(f"train.depth needs 1 <= min_steps <= max_steps, got {d.min_steps} and {d.max_steps}")
+    if cfg.data.name == "synthetic" and cfg.data.synthetic_classes < 2:
+        raise UserError(f"data.synthetic_classes must be >= 2 (one class is always right), "
+                        f"got {cfg.data.synthetic_classes}")
 
 
 def out_of_memory(cfg: RunConfig, e: BaseException) -> UserError:

@@ -1,0 +1,275 @@
+"""Issue 39, "nothing lost, nothing silent": no command writes over a file it did not write or leaves half
+an output behind, a resume never contradicts its checkpoint, and a bad input (NaN weights, a study name
+that leaves the working folder, a value that would run for days, an unwritable place) is one line and
+exit 2. Each case is (command, expected exit, expected words on the one line)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from recurvit.cli import main
+from recurvit.train import checkpoint as ckpt_io
+
+TINY = ["model.embed_dim=24", "model.num_heads=2", "model.steps=2", "train.batch_size=256", "train.progress=false",
+        "train.warmup_epochs=0"]
+VAE = ["configs/vae/digits.yaml", "model.embed_dim=8", "train.batch_size=256", "train.epochs=1",
+       "train.progress=false"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(capsys, argv) -> tuple:
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    return code, capsys.readouterr()
+
+
+def _fails(capsys, argv, *needles) -> str:
+    code, out = _cli(capsys, argv)
+    err = out.err.strip()
+    assert code == 2, (code, err)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A finished 1-epoch tiny digits run; tests copy it before they change it."""
+    run = tmp_path_factory.mktemp("nothing_lost") / "r"
+    assert main(["train", *TINY, "train.epochs=1", "--out", str(run)]) == 0
+    return run
+
+
+def _copy(run, tmp_path, name="r"):
+    dst = tmp_path / name
+    shutil.copytree(run, dst)
+    return dst
+
+
+def _nan_run(trained, tmp_path):
+    run = _copy(trained, tmp_path, "nan")
+    for name in ("last.pt", "best.pt"):
+        if (run / name).is_file():
+            ck = torch.load(run / name, weights_only=True)
+            key = next(iter(ck["model"]))
+            ck["model"][key] = torch.full_like(ck["model"][key], float("nan"))
+            torch.save(ck, run / name)
+    return run
+
+
+def _png(path):
+    from PIL import Image
+
+    Image.new("L", (8, 8), 3).save(path)
+    return path
+
+
+# ------------------------------------------------------------------------- 1. predict --csv
+def test_predict_csv_never_writes_over_a_file_it_did_not_write(trained, tmp_path, capsys):
+    run = _copy(trained, tmp_path)
+    img = _png(tmp_path / "x.png")
+    before = (run / "last.pt").read_bytes()
+    _fails(capsys, ["predict", run, img, "--csv", run / "last.pt"], "was not written by this command")
+    assert (run / "last.pt").read_bytes() == before  # the checkpoint is still there
+    _fails(capsys, ["predict", run, img, "--csv", tmp_path], "is a directory")
+    csv = tmp_path / "p.csv"
+    for _ in range(2):  # its own file may be written again
+        code, out = _cli(capsys, ["predict", run, img, "--csv", csv])
+        assert code == 0, out.err
+    assert csv.read_text().splitlines()[0] == "image,rank,label,prob"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_horizon_never_writes_over_a_file_it_did_not_write(trained, tmp_path, capsys):
+    run = _copy(trained, tmp_path)
+    (run / "horizon.csv").write_text("my notes\n")
+    _fails(capsys, ["horizon", run, "--max-steps", "2"], "horizon.csv exists and was not written by this command")
+    assert (run / "horizon.csv").read_text() == "my notes\n"
+    (run / "horizon.csv").unlink()
+    for _ in range(2):  # its own files are written again
+        code, out = _cli(capsys, ["horizon", run, "--max-steps", "2"])
+        assert code == 0, out.err
+
+
+# -------------------------------------------------------------- 2. a start killed while writing
+@pytest.mark.parametrize("left", [["config.yaml"], ["config.yaml", ".finetune.json.abcd.tmp"],
+                                  [".config.yaml.abcd.tmp"], ["config.yaml", "finetune.json"]])
+def test_a_finetune_killed_while_it_started_can_be_started_again(trained, tmp_path, capsys, left):
+    ft = tmp_path / "ft"
+    ft.mkdir()
+    (ft / ".lock").write_text("12345\n")
+    for name in left:
+        (ft / name).write_text("half" if name.endswith(".tmp") else "{}")
+    if "finetune.json" not in left:
+        _fails(capsys, ["finetune", "--resume", ft], "stopped before its first epoch ended",
+               "start it again with its original command and --out")
+    code, out = _cli(capsys, ["finetune", trained, "--data", "digits", "--method", "head", "train.epochs=1",
+                              "train.batch_size=256", "--out", ft])
+    assert code == 0, out.err
+    assert (ft / "last.pt").is_file() and not list(ft.glob(".*.tmp"))
+
+
+def test_a_train_killed_while_writing_its_config_starts_again_with_out(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / ".lock").write_text("")
+    (run / ".config.yaml.abcd.tmp").write_text("half")
+    code, out = _cli(capsys, ["train", *TINY, "train.epochs=1", "--out", run])
+    assert code == 0, out.err
+
+
+def test_a_directory_with_a_checkpoint_is_never_taken_over(trained, tmp_path, capsys):
+    run = _copy(trained, tmp_path)
+    _fails(capsys, ["train", *TINY, "--out", run], "already exists and is not empty")
+    mine = tmp_path / "mine"  # a folder of the user's own (no lock file): never emptied
+    mine.mkdir()
+    (mine / "config.yaml").write_text("x: 1\n")
+    _fails(capsys, ["train", *TINY, "--out", mine], "already exists and is not empty")
+    assert (mine / "config.yaml").read_text() == "x: 1\n"
+
+
+# ------------------------------------------------------------- 3. an export killed half way
+def test_an_export_killed_half_way_leaves_no_folder_and_runs_again(trained, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "exported"
+    real = ckpt_io.atomic_write
+    calls = []
+
+    def killed_on_the_weights(path, write, needed=None):
+        calls.append(path)
+        if Path(path).name == "model.safetensors":
+            raise KeyboardInterrupt  # a kill (or Ctrl-C) after config.json was written
+        return real(path, write, needed)
+
+    monkeypatch.setattr(ckpt_io, "atomic_write", killed_on_the_weights)
+    code, _ = _cli(capsys, ["export", trained, "--format", "hf", out])
+    assert code == 130 and calls and not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".exported")]
+    monkeypatch.setattr(ckpt_io, "atomic_write", real)
+    code, res = _cli(capsys, ["export", trained, "--format", "hf", out])
+    assert code == 0, res.err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+
+
+# -------------------------------------------------------------- 4. a resume below its checkpoint
+def test_resume_with_fewer_epochs_than_the_checkpoint_is_refused(trained, tmp_path, capsys):
+    run = _copy(trained, tmp_path)  # made a finished 2-epoch run (its checkpoint and config say so)
+    ck = torch.load(run / "last.pt", weights_only=True)
+    ck["epoch"], ck["config"]["train"]["epochs"] = 2, 2
+    torch.save(ck, run / "last.pt")
+    (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("epochs: 1\n", "epochs: 2\n"))
+    before = (run / "config.yaml").read_text()
+    _fails(capsys, ["train", "--resume", run, "train.epochs=1"], "is at epoch 2 already", "train.epochs >= 2")
+    assert (run / "config.yaml").read_text() == before
+
+
+# ------------------------------------------------------- 5-8. one line and exit 2, every command
+def _cases(trained, tmp_path):
+    nan = _nan_run(trained, tmp_path)
+    img = _png(tmp_path / "x.png")
+    (tmp_path / "afile").write_text("x")
+    escape = tmp_path / "escape.yaml"
+    escape.write_text(f"name: ../../elsewhere/x\nbase: {ROOT / 'configs/digits/bvit.yaml'}\ngrid: {{train.seed: [0]}}\n")
+    listed = tmp_path / "listed.yaml"
+    listed.write_text(f"name: [1, 2]\nbase: {ROOT / 'configs/digits/bvit.yaml'}\ngrid: {{train.seed: [0]}}\n")
+    return [
+        # 5. NaN weights
+        (["predict", nan, img], "weights contain NaN"),
+        (["export", nan, "--format", "hf", tmp_path / "e1"], "weights contain NaN"),
+        (["export", nan, "--format", "safetensors", tmp_path / "e2.safetensors"], "weights contain NaN"),
+        # 6. a study name is one word
+        (["study", escape, "--report-only"], "name must be one word"),
+        (["study", listed, "--report-only"], "name must be one word"),
+        # 7. priced before it runs
+        (["predict", trained, img, "--steps", "1000000000"], "--steps 1,000,000,000 would take"),
+        (["flops", "bvit_tiny", "img_size=8", "patch_size=4", "steps=1000000000000", "--no-memory"], "would take"),
+        (["flops", "bvit_tiny", "img_size=8", "patch_size=4", "--batch-size", "1000000000"], "training needs about"),
+        (["finetune", trained, "--data", "digits", "--rank", "100000"], "--rank 100000 is more than"),
+        (["finetune", trained, "--data", "digits", "--alpha", "0"], "--alpha must be"),
+        (["finetune", trained, "--data", "digits", "--alpha", "-1"], "--alpha must be"),
+        # 8. unwritable places
+        (["predict", trained, img, "--csv", "/sys/p.csv"], "cannot write /sys/p.csv"),
+        (["export", trained, "--format", "hf", "/sys/e"], "/sys"),
+        (["export", trained, "--format", "safetensors", "/sys/e.safetensors"], "/sys"),
+        (["export", trained, "--format", "torch-export", "/sys/e.pt2"], "/sys"),
+        (["horizon", trained, "--max-steps", "2", "--out", "/sys/h"], "/sys/h"),
+        (["horizon", trained, "--max-steps", "2", "--out", tmp_path / "afile"], "is a file"),
+    ]
+
+
+CASE_IDS = ["predict-nan", "export-hf-nan", "export-safetensors-nan", "study-name-escapes", "study-name-list",
+            "predict-steps-1e9", "flops-steps-1e12", "flops-batch-1e9", "finetune-rank-1e5", "finetune-alpha-0",
+            "finetune-alpha-neg", "predict-csv-readonly", "export-hf-readonly", "export-safetensors-readonly",
+            "export-torch-readonly", "horizon-out-readonly", "horizon-out-file"]
+
+
+@pytest.mark.parametrize("i", range(len(CASE_IDS)), ids=CASE_IDS)
+def test_bad_inputs_are_one_line_and_exit_2(trained, tmp_path, capsys, i):
+    cases = _cases(trained, tmp_path)
+    assert len(cases) == len(CASE_IDS)
+    argv, needle = cases[i]
+    _fails(capsys, argv, needle)
+    assert not (tmp_path.parent / "elsewhere").exists() and not (tmp_path / "elsewhere").exists()
+
+
+def test_an_export_into_a_missing_folder_makes_it(trained, tmp_path, capsys):
+    out = tmp_path / "new" / "deeper" / "w.safetensors"
+    code, res = _cli(capsys, ["export", trained, "--format", "safetensors", out])
+    assert code == 0, res.err
+    assert out.is_file()
+
+
+def test_vae_intervene_is_priced_before_it_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    run = tmp_path / "vae"
+    assert main(["vae", "train", *VAE, "--out", str(run)]) == 0
+    _fails(capsys, ["vae", "intervene", run, "--extra", "100000000", "--truncate", "", "--factors", ""],
+           "would take about")
+
+
+# ------------------------------------------------------------- 10. Ctrl-C while a checkpoint is written
+def test_ctrl_c_during_a_checkpoint_write_says_interrupted_and_keeps_the_last_one(trained, tmp_path, capsys,
+                                                                                   monkeypatch):
+    import io
+
+    run = _copy(trained, tmp_path)
+    before = (run / "last.pt").read_bytes()
+    real_save = torch.save
+
+    class Interrupted(io.RawIOBase):  # Ctrl-C arrives while torch's zip writer is writing
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.n += len(b)
+            if self.n > 4096:
+                raise KeyboardInterrupt
+            return self.f.write(b)
+
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: real_save(obj, Interrupted(f), *a, **k))
+    code, out = _cli(capsys, ["train", "--resume", run, "train.epochs=2"])
+    err = out.err.strip()
+    assert code == 130 and err.splitlines() == ["interrupted; continue with recurvit train --resume RUN_DIR"], err
+    assert (run / "last.pt").read_bytes() == before and not list(run.glob(".*.tmp"))
+
+
+# --------------------------------------------------- 9, 11. values refused before anything trains
+@pytest.mark.parametrize("override,needle", [
+    ("model.mlp_ratio=-1", "model.mlp_ratio must be"), ("model.mlp_ratio=inf", "model.mlp_ratio must be"),
+    ("model.mlp_ratio=0", "model.mlp_ratio must be"),
+    ("model.stage_heads=-2", "model.stage_heads must be"), ("train.seed=99999999999999999999", "train.seed must be"),
+    ("train.supervision.stages=100", "train.supervision.stages=100 is more than model.steps=2"),
+    ("train.log_every=-1", "train.log_every must be"), ("train.depth.sigma=-1", "train.depth.sigma must be"),
+    ("train.depth.truncate=-1", "train.depth.truncate must be"),
+    ("data.synthetic_classes=1", "data.synthetic_classes must be"),
+])
+def test_nonsense_values_are_refused_before_training(tmp_path, capsys, override, needle):
+    extra = ["data.name=synthetic"] if override.startswith("data.synthetic") else []
+    _fails(capsys, ["train", *TINY, "train.epochs=1", *extra, override, "--out", tmp_path / "r"], needle)
+    assert not (tmp_path / "r").exists()
