@@ -93,4 +93,4 @@ def test_one_epoch_loop_trains_every_task():
     assert loops and all(h.startswith("train/fit.py:") for h in loops), loops
     from recurvit.tasks import TASKS, Task
 
-    assert set(TASKS) == {"classify", "vae"} and all(issubclass(t, Task) and t.name == n for n, t in TASKS.items())
+    assert set(TASKS) == {"classify", "dense", "vae"} and all(issubclass(t, Task) and t.name == n for n, t in TASKS.items())

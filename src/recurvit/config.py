@@ -99,6 +99,9 @@ class DepthConfig:
     max_steps: Optional[int] = None  # uniform: upper bound (None: 2 x nominal)
     sigma: float = 0.5  # poisson_lognormal: log-normal spread
     truncate: int = 0  # >0: backpropagate only through the last k steps
+    # Bansal et al.'s progressive loss weight alpha (dense task; 0: off): loss = (1 - alpha) * the drawn depth's
+    # loss + alpha * the loss after n ~ U{0..K-1} steps without gradient and k ~ U{1..K-n} steps with it
+    progressive: float = 0.0
 
 
 @dataclass

@@ -76,6 +76,14 @@ _DEFAULTS = {
 }
 
 
+DENSE = ("mazes",)  # data sets whose target is a per-pixel class mask (H, W): the dense task's
+
+
+def dense_target(name: str) -> bool:
+    """Whether data set ``name`` gives a per-pixel target (trained by the dense task, not classification)."""
+    return name in DENSE
+
+
 def native_size(name: str) -> Optional[int]:
     """The side of a named data set's own images (None: variable, or not a named data set)."""
     d = _DEFAULTS.get(name)

@@ -3,6 +3,8 @@
 A task is one file in ``tasks/`` plus one entry in ``recurvit.tasks.TASKS``. It defines:
 
 - ``name``: the checkpoint's ``task`` key (a resume of another task's run is refused).
+- (optional) the data it trains: ``DATA_TASKS[data name] = TaskClass`` makes ``recurvit train`` pick it
+  for that data (the mazes: the dense task).
 - ``cfg``: its typed run config (``cfg.train`` has at least seed, epochs, eval_every, device,
   tensorboard); ``config_dict()`` / ``config_yaml()`` give the plain and written forms.
 - ``check()``: config values that make no sense, one line each (before any directory exists);
@@ -27,6 +29,15 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 import torch
+
+
+DATA_TASKS: Dict[str, type] = {}  # data set name -> the task its runs train as when it is not classification
+
+
+def data_task(data_name: str, default: type) -> type:
+    """The task that trains data set ``data_name`` (a task file claims its data in ``DATA_TASKS``; the
+    package imports every task file, so the table is full once ``recurvit.tasks`` is imported)."""
+    return DATA_TASKS.get(data_name, default)
 
 
 class Task:

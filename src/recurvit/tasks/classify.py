@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ..config import RunConfig, as_dict, to_yaml
 from ..errors import UserError
-from ..data.datasets import native_size
+from ..data.datasets import dense_target, native_size
 from ..export.preprocessing import data_record
 from ..train import checkpoint as ckpt_io
 from ..runtime import distributed as dist_io
@@ -31,7 +31,7 @@ from ..train.fit import fit
 from ..train.losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
 from ..train.optim import build_optimizer, build_scheduler, optimizer_step
 from ..runtime import autocast, bar_options, build_loaders, build_val_loader, resolve_model_config, set_epoch
-from .base import Task
+from .base import Task, data_task
 
 
 # ------------------------------------------------------------------------------ evaluation
@@ -172,6 +172,12 @@ class ClassifyTask(Task):
 
     def check(self):
         check_train_config(self.cfg)
+        if dense_target(self.cfg.data.name):
+            raise UserError(f"data.name={self.cfg.data.name} has a per-pixel target: it trains as the dense task "
+                            f"(recurvit.tasks.dense; `recurvit train` picks it from the data), not as classification")
+        if self.cfg.train.depth.progressive:
+            raise UserError(f"train.depth.progressive={self.cfg.train.depth.progressive:g}: the progressive loss is "
+                            f"the dense task's (data.name=mazes); set it to 0 for classification")
 
     def out_of_memory(self, e):
         return out_of_memory(self.cfg, e)
@@ -245,11 +251,18 @@ class ClassifyTask(Task):
             compile_blocks(model)
         if not env.enabled:
             return None
-        # parameters that may get no gradient in a step: stage heads not read out, blocks before a
-        # truncation, a depth that varies per batch
-        find_unused = (getattr(model, "stage_heads", None) is not None or tc.depth.truncate > 0
-                       or tc.depth.schedule != "fixed")
-        return dist_io.wrap_ddp(StepsForward(model), device, find_unused)
+        return dist_io.wrap_ddp(self.training_module(), device, self.may_skip_parameters())
+
+    def training_module(self) -> nn.Module:
+        """What DDP wraps under several processes: its forward is the one training calls."""
+        return StepsForward(self.model)
+
+    def may_skip_parameters(self) -> bool:
+        """Parameters may get no gradient in a step (DDP's find_unused_parameters): stage heads not
+        read out, blocks before a truncation, a depth that varies per batch."""
+        tc = self.cfg.train
+        return (getattr(self.model, "stage_heads", None) is not None or tc.depth.truncate > 0
+                or tc.depth.schedule != "fixed")
 
     def header(self, env, device):
         cfg, model = self.cfg, self.model
@@ -315,5 +328,7 @@ def train(cfg: RunConfig, out: Path, resume: bool = False, log=print,
     With ``resume`` the overrides in ``cfg`` follow the rule of :mod:`recurvit.train.resume`;
     ``force`` starts even when the memory estimate (:mod:`recurvit.analysis.budget`) says it will
     not fit; ``stop_after=k`` ends after epoch k as an interruption would. Under torchrun every rank
-    calls this with the same arguments (see :func:`recurvit.train.fit.fit`)."""
-    return fit(ClassifyTask(cfg), out, resume=resume, log=log, stop_after=stop_after, force=force)
+    calls this with the same arguments (see :func:`recurvit.train.fit.fit`). Data with a per-pixel
+    target (``data.name=mazes``) train as the dense task (:mod:`recurvit.tasks.dense`)."""
+    task = data_task(cfg.data.name, ClassifyTask)(cfg)
+    return fit(task, out, resume=resume, log=log, stop_after=stop_after, force=force)

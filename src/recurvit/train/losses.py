@@ -1,4 +1,5 @@
-"""Training objectives over recursion steps: stage-wise deep supervision and depth schedules.
+"""Training objectives over recursion steps: stage-wise deep supervision, depth schedules and
+Bansal et al.'s progressive loss.
 
 The model never computes its loss: it returns logits at the requested readout steps
 (``model.forward_steps(x, steps=k, at=readouts)``) and these functions weigh them.
@@ -6,9 +7,10 @@ The model never computes its loss: it returns logits at the requested readout st
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import SCHEDULES, WEIGHTINGS, DepthConfig  # the choices, declared on the config fields
@@ -91,3 +93,42 @@ class DepthSampler:
         lam = torch.exp(mu + c.sigma * torch.randn(1, generator=self.gen))
         k = 1 + int(torch.poisson(lam, generator=self.gen))
         return min(k, c.max_steps or 4 * self.nominal, self.cap or 10**9)
+
+
+# ------------------------------------------------------------------ Bansal et al.'s progressive loss
+def progressive_draw(steps: int, generator: Optional[torch.Generator] = None) -> Tuple[int, int]:
+    """(n, k) for a depth of ``steps`` = K: n ~ U{0..K-1} steps run without gradient, then k ~ U{1..K-n}
+    steps with it (Bansal et al. 2022, DeepThinking's ``get_output_for_prog_loss``)."""
+    n = int(torch.randint(0, steps, (1,), generator=generator))
+    k = int(torch.randint(1, steps - n + 1, (1,), generator=generator))
+    return n, k
+
+
+def progressive_logits(model: nn.Module, x: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """The readout after n + k steps whose first n ran without gradient, the state detached after them:
+    the gradient reaches the last k block applications and the readout only, never the steps before nor
+    the embedding through the state. (A re-injected input, ``reinject``, is read by the k steps as it
+    is: the embedding gets the gradient of that path, as DeepThinking's recall reads the image.)
+
+    Drives the model through its core's per-step API (``core.begin`` / ``core.advance``), so the step
+    count (and any step conditioning) continues from n; a core that cannot step is a ValueError."""
+    core = model.core
+    core.check_steps(n + k)
+    state = core.begin(model.blocks, model.embed(x))
+    with torch.no_grad():
+        for _ in range(n):
+            core.advance(state)
+    state.z = state.z.detach()
+    z = state.z
+    for _ in range(k):
+        z = core.advance(state)
+    return model.forward_head(model.norm(z), step=n + k)
+
+
+def progressive_mix(full: Optional[torch.Tensor], progressive: Optional[torch.Tensor], alpha: float) -> torch.Tensor:
+    """(1 - alpha) * full + alpha * progressive; a term of weight 0 may be None (not computed)."""
+    if alpha <= 0:
+        return full
+    if alpha >= 1:
+        return progressive
+    return (1 - alpha) * full + alpha * progressive

@@ -1,0 +1,277 @@
+"""Dense prediction: a class for every pixel, trained by the one loop (the mazes of issue 40).
+
+    recurvit train configs/mazes/dt_recall_prog.yaml      # `recurvit train` picks this task from the data
+
+The model gives per-pixel logits (B, classes, H, W) (``DTNet``, or a ViT with ``model.dense=true``) and
+the targets are masks (B, H, W). The loss is the pixel cross-entropy, over the drawn depth's readouts as
+classification weighs them (deep supervision, random depth, truncation: ``train.supervision`` /
+``train.depth``), mixed with Bansal et al.'s progressive loss when ``train.depth.progressive`` = alpha > 0
+(``losses.progressive_logits``). Two figures: pixel accuracy and **solved**, the share of images with
+every pixel right.
+
+The validation split (at the training size) is evaluated every ``train.eval_every`` epochs and chooses
+best.pt (``val_solved``); the last epoch adds the test split at every size of ``data.maze_test_sizes``
+at the trained depth (``test_solved_<size>``, ``test_acc_<size>``; ``test_*`` without a size: the
+training size). Sweeps over sizes x test-time iterations are :mod:`recurvit.analysis.mazes`'s.
+
+Everything else (data-parallel training, compilation, resume, the depth draws under DDP) is
+classification's (:class:`~recurvit.tasks.classify.ClassifyTask`), which this task extends.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from ..config import RunConfig
+from ..errors import UserError
+from ..runtime import autocast, bar_options, build_loaders, resolve_model_config
+from ..runtime import distributed as dist_io
+from ..train import checkpoint as ckpt_io
+from ..train.checks import Diverged, check_train_config
+from ..train.fit import fit
+from ..train.losses import (progressive_draw, progressive_logits, progressive_mix, readout_steps, stage_weights,
+                            supervised_loss)
+from ..train.optim import optimizer_step
+from ..data.datasets import DENSE, dense_target
+from .base import DATA_TASKS
+from .classify import ClassifyTask
+
+
+# ------------------------------------------------------------------------------ figures
+@torch.no_grad()
+def dense_counts(logits: torch.Tensor, target: torch.Tensor) -> Dict[str, int]:
+    """Pixels right, pixels, and images with every pixel right, for logits (B, C, H, W) and target (B, H, W)."""
+    right = logits.argmax(1) == target  # (B, H, W)
+    return {"correct": int(right.sum()), "pixels": right.numel(), "solved": int(right.flatten(1).all(1).sum()),
+            "n": len(target)}
+
+
+@torch.no_grad()
+def evaluate_dense(model: nn.Module, loader: Iterable, device: torch.device, steps: Optional[int] = None,
+                   amp: str = "auto", env: Optional[dist_io.DistEnv] = None) -> Dict[str, float]:
+    """Pixel loss, pixel accuracy and solved (share of images with every pixel right) at ``steps``
+    (default: the trained depth); in a process group, of the whole set (each rank's shard all-reduced)."""
+    model.eval()
+    k = model.core.check_steps(steps)
+    loss_sum, correct, pixels, solved, n = 0.0, 0, 0, 0, 0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(device, amp):
+            logits = model(x, steps=k)
+        c = dense_counts(logits, y)
+        loss_sum += F.cross_entropy(logits.float(), y).item() * len(y)
+        correct, pixels, solved, n = correct + c["correct"], pixels + c["pixels"], solved + c["solved"], n + c["n"]
+    env = dist_io.current() if env is None else env
+    if env.enabled:
+        loss_sum, correct, pixels, solved, n = env.all_reduce_sum([loss_sum, correct, pixels, solved, n], device)
+    return {"loss": loss_sum / max(n, 1), "accuracy": correct / max(pixels, 1), "solved": solved / max(n, 1),
+            "n": int(round(n))}
+
+
+# -------------------------------------------------------------------------------- one epoch
+class DenseForward(nn.Module):
+    """What DDP wraps: the drawn depth's readouts and, with the progressive loss, the readout after
+    (n without gradient, k with), in ONE forward call (so DDP prepares the all-reduce for both)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, steps=None, at=None, grad_last=None, progressive=None, full=True):
+        logits_at = self.model.forward_steps(x, steps=steps, at=at, grad_last=grad_last) if full else None
+        prog = progressive_logits(self.model, x, *progressive) if progressive is not None else None
+        return logits_at, prog
+
+
+def train_one_epoch_dense(model: nn.Module, loader: DataLoader, opt, sched, device: torch.device, cfg: RunConfig,
+                          depth, epoch: int = 0, forward: Optional[Callable] = None,
+                          env: dist_io.DistEnv = dist_io.SINGLE, generator: Optional[torch.Generator] = None,
+                          log: Optional[Callable] = None) -> Dict[str, float]:
+    """One pass over ``loader``; the figures are of the readout at the drawn depth (of the progressive
+    readout when alpha = 1: the full depth is then not run). ``generator``: where the progressive
+    draws come from (one alike on every rank under DDP; None: the global RNG)."""
+    model.train()
+    forward = DenseForward(model) if forward is None else forward
+    tc = cfg.train
+    alpha = tc.depth.progressive
+    sums = {"loss": 0.0, "correct": 0, "pixels": 0, "solved": 0, "n": 0}
+    t0 = time.perf_counter()
+    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False, **bar_options(tc.progress and env.is_main))
+    for i, (x, y) in enumerate(bar, 1):
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        k = depth()
+        at = readout_steps(k, tc.supervision.stages)
+        w = stage_weights(tc.supervision.weights, len(at))
+        prog = progressive_draw(k, generator) if alpha > 0 else None
+        with autocast(device, tc.amp):
+            logits_at, prog_logits = forward(x, steps=k, at=at, grad_last=tc.depth.truncate or None,
+                                             progressive=prog, full=alpha < 1)
+        full_loss = supervised_loss(logits_at, y, w, tc.label_smoothing) if logits_at is not None else None
+        prog_loss = F.cross_entropy(prog_logits.float(), y, label_smoothing=tc.label_smoothing) if prog is not None else None
+        loss = progressive_mix(full_loss, prog_loss, alpha)
+        c = dense_counts(logits_at[-1] if logits_at is not None else prog_logits, y)
+        figures = [loss.detach() * len(y), c["correct"], c["pixels"], c["solved"], c["n"]]
+        if env.enabled:  # global figures of this step; every rank sees the same (divergence stops all)
+            figures = env.all_reduce_sum(figures, device)
+        figures = [float(v) for v in figures]
+        if not torch.isfinite(torch.tensor(figures[0])):
+            raise Diverged(figures[0] / max(figures[-1], 1), epoch + 1, tc)
+        optimizer_step(model, opt, sched, loss, tc.grad_clip)
+        for key, v in zip(sums, figures):
+            sums[key] += v
+        n = max(sums["n"], 1)
+        bar.set_postfix(loss=f"{sums['loss'] / n:.3f}", solved=f"{sums['solved'] / n:.3f}")
+        if tc.log_every and i % tc.log_every == 0 and env.is_main and log is not None:
+            log(f"Train: {epoch + 1} [{i:>{len(str(len(loader)))}}/{len(loader)}]  loss {sums['loss'] / n:.4f}  "
+                f"acc {sums['correct'] / max(sums['pixels'], 1):.4f}  solved {sums['solved'] / n:.4f}  "
+                f"lr {sched.get_last_lr()[0]:.3g}")
+    secs = time.perf_counter() - t0
+    n = max(sums["n"], 1)
+    return {"train_loss": sums["loss"] / n, "train_acc": sums["correct"] / max(sums["pixels"], 1),
+            "train_solved": sums["solved"] / n, "img_per_s": sums["n"] / secs, "seconds": secs}
+
+
+# ------------------------------------------------------------------------------------ the task
+class DenseTask(ClassifyTask):
+    """Images -> per-pixel logits; best.pt is chosen on the validation split (``val_solved``)."""
+
+    name = "dense"
+
+    def check(self):
+        check_train_config(self.cfg)
+        if not dense_target(self.cfg.data.name):
+            raise UserError(f"the dense task trains on data with a per-pixel target (data.name=mazes), "
+                            f"not data.name={self.cfg.data.name}")
+        alpha = self.cfg.train.depth.progressive
+        if not 0 <= alpha <= 1:
+            raise UserError(f"train.depth.progressive (the progressive loss weight alpha) must be in [0, 1], got {alpha}")
+        if self.cfg.data.holdout:
+            raise UserError("mazes have their own validation split (data.maze_val): set data.holdout=0")
+        if self.cfg.data.mixup_alpha or self.cfg.data.cutmix_alpha:
+            raise UserError("MixUp / CutMix mix class labels, not per-pixel masks: set data.mixup_alpha=0 and "
+                            "data.cutmix_alpha=0 for the dense task")
+
+    # ---------------------------------------------------------------- building
+    def build(self, env, device, log, force):
+        self.train_loader, self.val_loader, self.info = build_loaders(self.cfg, env=env, log=log)
+        self.test_loader = None  # the test sets at every size: built when the last epoch evaluates them
+        self.cfg = cfg = resolve_model_config(self.cfg, self.info)
+        self.model = ckpt_io.build_model_from_config(cfg).to(device)
+        self._check_model()
+
+    def _check_model(self):
+        from ..data.mazes import maze_pixels
+
+        mc, cfg = self.model.cfg, self.cfg
+        if hasattr(mc, "dense") and not mc.dense:
+            raise UserError(f"model {cfg.model.name} reads out one class an image: set model.dense=true for "
+                            f"per-pixel logits")
+        larger = [s for s in cfg.data.maze_test_sizes if maze_pixels(s) != maze_pixels(cfg.data.maze_size)]
+        if larger and hasattr(mc, "dynamic_img_size") and not mc.dynamic_img_size:
+            raise UserError(f"data.maze_test_sizes has sizes other than the training size ({larger}): set "
+                            f"model.dynamic_img_size=true so the model runs on them")
+        if getattr(mc, "patch_size", 1) and maze_pixels(cfg.data.maze_size) % getattr(mc, "patch_size", 1):
+            raise UserError(f"model.patch_size={mc.patch_size} does not divide the {maze_pixels(cfg.data.maze_size)}-"
+                            f"pixel mazes: use 2 (or 4)")
+        if self.cfg.train.depth.progressive and mc.core_cls.cannot_step(mc):
+            raise UserError(f"train.depth.progressive needs a core that runs one step at a time: "
+                            f"{mc.core_cls.cannot_step(mc)}")
+
+    def build_depth(self, env):
+        super().build_depth(env)
+        # the progressive loss draws (n, k) from its own generator, seeded alike on every rank and saved with
+        # last.pt: one process and several draw the same (n, k) for every batch
+        self.prog_gen = torch.Generator().manual_seed(self.cfg.train.seed + 7919)
+
+    def restore(self, state, env):
+        super().restore(state, env)
+        if state.get("progressive_rng") is not None:
+            self.prog_gen.set_state(state["progressive_rng"])
+
+    def extra_state(self, env):
+        return {**super().extra_state(env), "progressive_rng": self.prog_gen.get_state()}
+
+    def training_module(self) -> nn.Module:
+        return DenseForward(self.model)
+
+    def may_skip_parameters(self) -> bool:
+        return super().may_skip_parameters() or self.cfg.train.depth.progressive > 0
+
+    def header(self, env, device):
+        cfg, model = self.cfg, self.model
+        n_params = sum(p.numel() for p in model.parameters())
+        where = f"device {device}" if not env.enabled else f"{env.world_size} processes ({device.type}, DDP)"
+        size = cfg.data.maze_size
+        alpha = cfg.train.depth.progressive
+        return (f"model {cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)} core, {n_params:,} params, "
+                f"steps={model.nominal_steps}{f', progressive loss alpha={alpha:g}' if alpha else ''}) on "
+                f"{size}x{size} mazes ({len(self.train_loader.dataset)} train / {len(self.val_loader.dataset)} "
+                f"validation, best.pt chosen on it; tested at sizes {', '.join(map(str, cfg.data.maze_test_sizes))}), "
+                f"{where}")
+
+    # ---------------------------------------------------------------- each epoch
+    def start_epoch(self, epoch):
+        super().start_epoch(epoch)
+        self.epoch = epoch
+
+    def train_epoch(self, epoch, env):
+        m = train_one_epoch_dense(self.model, self.train_loader, self.opt, self.sched, self.device, self.cfg,
+                                  self.depth, epoch, forward=self.forward, env=env, generator=self.prog_gen,
+                                  log=self.log)
+        return {"lr": self.sched.get_last_lr()[0], **m}
+
+    def evaluate(self, env):
+        amp, out = self.cfg.train.amp, {}
+        with torch.random.fork_rng(devices=[]):  # evaluating must not move the run's random streams
+            ev = evaluate_dense(self.model, self.val_loader, self.device, amp=amp, env=env)
+            out.update(val_loss=ev["loss"], val_acc=ev["accuracy"], val_solved=ev["solved"])
+            if self.epoch + 1 == self.cfg.train.epochs:
+                out.update(self._test_every_size(env))
+        return out
+
+    def _test_every_size(self, env) -> Dict[str, float]:
+        from ..data.mazes import maze_test_sets
+
+        out = {}
+        for size, data in maze_test_sets(self.cfg.data).items():
+            sampler = dist_io.Shard(len(data), env.rank, env.world_size) if env.enabled else None
+            loader = DataLoader(data, batch_size=self.val_loader.batch_size, shuffle=False, sampler=sampler)
+            ev = evaluate_dense(self.model, loader, self.device, amp=self.cfg.train.amp, env=env)
+            out.update({f"test_loss_{size}": ev["loss"], f"test_acc_{size}": ev["accuracy"],
+                        f"test_solved_{size}": ev["solved"]})
+            if size == self.cfg.data.maze_size:
+                out.update(test_loss=ev["loss"], test_acc=ev["accuracy"], test_solved=ev["solved"])
+        return out
+
+    def epoch_line(self, metrics):
+        if "val_solved" not in metrics:
+            return None
+        sizes = "  ".join(f"solved@{k.rsplit('_', 1)[1]} {v:.3f}" for k, v in metrics.items()
+                          if k.startswith("test_solved_"))
+        return (f"epoch {metrics['epoch']:>3}/{self.cfg.train.epochs}  loss {metrics['train_loss']:.4f}  "
+                f"train_solved {metrics['train_solved']:.3f}  val_acc {metrics['val_acc']:.4f}  "
+                f"val_solved {metrics['val_solved']:.3f}  {sizes + '  ' if sizes else ''}"
+                f"{metrics['img_per_s']:.0f} img/s  {metrics['seconds']:.1f}s")
+
+    def score(self, metrics, last):
+        return metrics.get("val_solved")
+
+    def best_files(self, record, metrics):
+        return {"best.pt": {**record, "val_solved": metrics["val_solved"], "val_acc": metrics["val_acc"]}}
+
+
+DATA_TASKS.update({name: DenseTask for name in DENSE})  # `recurvit train` with data.name=mazes trains this task
+
+
+def train_dense(cfg: RunConfig, out: Path, resume: bool = False, log=print, stop_after: Optional[int] = None,
+                force: bool = False) -> Dict[str, Any]:
+    """Train the dense task ``cfg`` into run directory ``out`` (or continue it): ``recurvit.tasks.classify.train``
+    with data of a per-pixel target comes here too."""
+    return fit(DenseTask(cfg), out, resume=resume, log=log, stop_after=stop_after, force=force)
