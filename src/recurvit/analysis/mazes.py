@@ -1,0 +1,152 @@
+"""Thinking longer on larger mazes (issue 40): pixel accuracy and solved after every iteration 1..K at
+every maze size, and two per-input rules for how long to iterate, all from ONE pass of K block
+applications per batch (``model.iter_states``: no prefix is re-run), as :mod:`.horizon` does.
+
+    sets = maze_test_sets(cfg.data)                               # {size: MazeDataset}
+    sweeps = maze_sweep_sizes(model, sets, device, max_steps=10 * T)
+    summarize_mazes(sweeps, trained=T)                            # solved at T, 2T, ... 10T, per size
+    plot_solved(sweeps, T, "solved.png")                          # solved against iterations, a line a size
+
+The rules, each image on its own:
+
+- ``max_conf`` (DeepThinking's ``test_max_conf``): read out at the iteration of maximal confidence, the
+  mean over pixels of the largest softmax probability (the first such iteration on a tie);
+- ``stable``: stop at the first iteration k >= ``min_steps`` whose predicted mask equals that of each of
+  the ``patience`` iterations before it (never stable: read at K). An untrained or early network predicts
+  the same empty mask for several steps: ``min_steps`` and ``patience`` are chosen on the validation
+  split, never on a test set.
+
+Both report the share solved and the iterations each image used (mean and max, per size).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+FACTORS = (1, 2, 4, 8, 10, 16)  # solved at k x T for these k (when the sweep reaches them)
+
+
+@torch.no_grad()
+def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_steps: int, min_steps: int = 1,
+               patience: int = 1) -> Dict[str, object]:
+    """Per iteration 1..K: pixel accuracy and solved (share of images with every pixel right); per rule
+    (``max_conf``, ``stable``): solved and the iterations used. See the module docstring."""
+    model.eval()
+    K = int(max_steps)
+    if K < 1 or min_steps < 1 or patience < 1:
+        raise ValueError(f"max_steps, min_steps and patience must be >= 1, got {K}, {min_steps}, {patience}")
+    correct = torch.zeros(K, dtype=torch.float64)
+    solved_k = torch.zeros(K, dtype=torch.float64)
+    pixels = n = 0
+    rules = {r: {"solved": 0, "steps": []} for r in ("max_conf", "stable")}
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        B = len(y)
+        best_conf = torch.full((B,), -1.0, device=device)
+        best_solved = torch.zeros(B, dtype=torch.bool, device=device)
+        best_step = torch.zeros(B, dtype=torch.long, device=device)
+        stopped = torch.zeros(B, dtype=torch.bool, device=device)
+        stop_step = torch.full((B,), K, dtype=torch.long, device=device)
+        stop_solved = torch.zeros(B, dtype=torch.bool, device=device)
+        prev, unchanged = None, torch.zeros(B, dtype=torch.long, device=device)
+        solved = None
+        for k, z in enumerate(model.iter_states(x, K), start=1):
+            logits = model.forward_head(model.norm(z), step=k).float()  # (B, C, H, W)
+            pred = logits.argmax(1)
+            right = pred == y
+            solved = right.flatten(1).all(1)
+            correct[k - 1] += right.sum().item()
+            solved_k[k - 1] += solved.sum().item()
+            conf = F.softmax(logits, dim=1).amax(1).flatten(1).mean(1)
+            better = conf > best_conf
+            best_conf = torch.where(better, conf, best_conf)
+            best_solved = torch.where(better, solved, best_solved)
+            best_step = torch.where(better, torch.full_like(best_step, k), best_step)
+            if prev is not None:
+                same = (pred == prev).flatten(1).all(1)
+                unchanged = torch.where(same, unchanged + 1, torch.zeros_like(unchanged))
+                stop = (unchanged >= patience) & ~stopped & (k >= min_steps)
+                stop_step[stop] = k
+                stop_solved[stop] = solved[stop]
+                stopped |= stop
+            prev = pred
+        stop_solved[~stopped] = solved[~stopped]  # never stable: the last iteration's readout
+        rules["max_conf"]["solved"] += int(best_solved.sum())
+        rules["max_conf"]["steps"] += best_step.tolist()
+        rules["stable"]["solved"] += int(stop_solved.sum())
+        rules["stable"]["steps"] += stop_step.tolist()
+        pixels += y.numel()
+        n += B
+    out: Dict[str, object] = {"step": list(range(1, K + 1)), "accuracy": (correct / max(pixels, 1)).tolist(),
+                              "solved": (solved_k / max(n, 1)).tolist(), "n": n}
+    for r, v in rules.items():
+        steps = v["steps"]
+        out[r] = {"solved": v["solved"] / max(n, 1), "steps_mean": sum(steps) / max(len(steps), 1),
+                  "steps_max": max(steps, default=0), "steps": steps}
+    out["stable"].update(min_steps=min_steps, patience=patience)
+    return out
+
+
+def maze_sweep_sizes(model: nn.Module, sets: Mapping[int, object], device: torch.device, max_steps: int,
+                     batch_size: int = 50, **rule_options) -> Dict[int, Dict[str, object]]:
+    """:func:`maze_sweep` at every size of ``sets`` ({size: data set}, e.g. ``maze_test_sets(cfg.data)``)."""
+    from torch.utils.data import DataLoader
+
+    return {size: maze_sweep(model, DataLoader(data, batch_size=batch_size, shuffle=False), device, max_steps,
+                             **rule_options) for size, data in sorted(sets.items())}
+
+
+def summarize_mazes(sweeps: Mapping[int, Dict[str, object]], trained: int) -> List[Dict[str, object]]:
+    """One row a size: solved at k x T for k in FACTORS (None beyond the sweep), the best iteration's
+    solved and that iteration (a description of the curve: the sweep reads a test split, so it chooses
+    nothing), solved at 10T minus the best (overthinking: < 0), and each rule's solved and iterations."""
+    rows = []
+    for size, sw in sorted(sweeps.items()):
+        solved = dict(zip(sw["step"], sw["solved"]))
+        best_k = max(solved, key=lambda k: (solved[k], -k))
+        row: Dict[str, object] = {"size": size, "n": sw["n"], "trained_steps": trained, "max_steps": max(solved)}
+        for f in FACTORS:
+            row[f"solved_{'' if f == 1 else f}T"] = solved.get(f * trained)
+        row.update(solved_best=solved[best_k], best_step=best_k,
+                   drop_10T=None if 10 * trained not in solved else solved[10 * trained] - solved[best_k])
+        for r in ("max_conf", "stable"):
+            row.update({f"{r}_solved": sw[r]["solved"], f"{r}_steps_mean": sw[r]["steps_mean"],
+                        f"{r}_steps_max": sw[r]["steps_max"]})
+        rows.append(row)
+    return rows
+
+
+def plot_solved(sweeps: Mapping[int, Dict[str, object]], trained: int, path: Path, title: str = "",
+                ax=None) -> None:
+    """Solved against test-time iterations (log axis), one line a maze size, the training depth marked.
+    With ``ax`` (a matplotlib Axes) draws there and writes nothing (side-by-side figures)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import PercentFormatter
+
+    fig = None
+    if ax is None:
+        fig = Figure(figsize=(6, 3.6), dpi=120)
+        ax = fig.add_subplot()
+    for size, sw in sorted(sweeps.items()):
+        ax.plot(sw["step"], sw["solved"], label=f"{size}x{size}")
+    ax.axvline(trained, color="k", ls="--", lw=1, label=f"training depth T={trained}")
+    ax.set_xscale("log")
+    ax.set_xlabel("test-time iterations")
+    ax.set_ylabel("mazes solved")
+    ax.set_ylim(0, 1.0)
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    if title:
+        ax.set_title(title, fontsize=9)
+    if fig is not None:
+        fig.tight_layout()
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+
+
+__all__ = ["FACTORS", "maze_sweep", "maze_sweep_sizes", "plot_solved", "summarize_mazes"]

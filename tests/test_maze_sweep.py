@@ -1,0 +1,69 @@
+"""analysis/mazes.py: solved after every iteration at every size in one pass, and the two per-input
+rules (DeepThinking's maximal confidence; stop when the prediction stops changing)."""
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+from recurvit.analysis.mazes import maze_sweep, maze_sweep_sizes, plot_solved, summarize_mazes
+from recurvit.config import load_config
+from recurvit.data.mazes import maze_test_sets
+from recurvit.models import create_model
+from recurvit.tasks.dense import evaluate_dense
+
+
+class Scripted(nn.Module):
+    """A 'model' whose readout after step k is logits[k - 1] (K, B, C, H, W): the rules on a known sequence."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+        self.norm = nn.Identity()
+
+    def iter_states(self, x, steps):
+        return iter(range(steps))
+
+    def forward_head(self, z, step):
+        return self.logits[step - 1]
+
+
+def _seq(preds, scale):
+    """Logits (K, B, 2, 1, 2) predicting class preds[k][b] at every pixel with margin scale[k][b]."""
+    p = torch.tensor(preds, dtype=torch.float)[..., None, None, None]  # (K, B, 1, 1, 1)
+    s = torch.tensor(scale, dtype=torch.float)[..., None, None, None]
+    one = torch.cat([-(2 * p - 1), 2 * p - 1], dim=2) * s  # (K, B, 2, 1, 1)
+    return one.expand(-1, -1, -1, 1, 2).contiguous()
+
+
+def test_the_rules_on_a_known_sequence():
+    # image 0 predicts 0, 1, 1, 1; image 1 predicts 0, 0, 1, 1; the target is all 1
+    logits = _seq([[0, 0], [1, 0], [1, 1], [1, 1]], [[1, 1], [1, 3], [5, 1], [5, 2]])
+    data = [(torch.zeros(2, 1, 1, 2), torch.ones(2, 1, 2, dtype=torch.long))]
+    sw = maze_sweep(Scripted(logits), data, torch.device("cpu"), max_steps=4)
+    assert sw["solved"] == [0.0, 0.5, 1.0, 1.0] and sw["accuracy"] == [0.0, 0.5, 1.0, 1.0]
+    assert sw["stable"]["steps"] == [3, 2] and sw["stable"]["solved"] == 0.5  # image 1 stops at its empty mask
+    assert sw["max_conf"]["steps"] == [3, 2] and sw["max_conf"]["solved"] == 0.5  # first of the ties; image 1: 3 > 2
+    later = maze_sweep(Scripted(logits), data, torch.device("cpu"), max_steps=4, min_steps=3)
+    assert later["stable"]["steps"] == [3, 4] and later["stable"]["solved"] == 1.0
+    assert maze_sweep(Scripted(logits), data, torch.device("cpu"), 4, patience=2)["stable"]["steps"] == [4, 4]
+
+
+def test_one_pass_gives_every_iteration_at_every_size(tmp_path):
+    torch.manual_seed(0)
+    model = create_model("dt_net_recall", width=8, steps=3)
+    cfg = load_config(None, ["data.name=mazes", "data.maze_test=6", "data.maze_test_sizes=[9,13]",
+                             "data.maze_train=8", "data.maze_val=4"])
+    sets = maze_test_sets(cfg.data)
+    sweeps = maze_sweep_sizes(model, sets, torch.device("cpu"), max_steps=6, batch_size=4)
+    assert sorted(sweeps) == [9, 13]
+    for size, sw in sweeps.items():
+        assert sw["step"] == list(range(1, 7)) and sw["n"] == 6
+        for k in (1, 3, 6):  # the one-pass figures are the model's own at k steps
+            ev = evaluate_dense(model, DataLoader(sets[size], batch_size=4), torch.device("cpu"), steps=k, amp="off")
+            assert sw["accuracy"][k - 1] == pytest.approx(ev["accuracy"]) and sw["solved"][k - 1] == ev["solved"]
+        assert all(1 <= s <= 6 for s in sw["max_conf"]["steps"] + sw["stable"]["steps"])
+    rows = summarize_mazes(sweeps, trained=3)
+    assert [r["size"] for r in rows] == [9, 13] and rows[0]["solved_2T"] == sweeps[9]["solved"][5]
+    assert rows[0]["solved_4T"] is None and rows[0]["drop_10T"] is None
+    plot_solved(sweeps, 3, tmp_path / "solved.png")
+    assert (tmp_path / "solved.png").stat().st_size > 0
