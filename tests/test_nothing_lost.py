@@ -273,3 +273,38 @@ def test_nonsense_values_are_refused_before_training(tmp_path, capsys, override,
     extra = ["data.name=synthetic"] if override.startswith("data.synthetic") else []
     _fails(capsys, ["train", *TINY, "train.epochs=1", *extra, override, "--out", tmp_path / "r"], needle)
     assert not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------- 9, 12. tracebacks and misleading lines, one each
+def test_more_bad_inputs_are_one_line(trained, tmp_path, capsys, monkeypatch):
+    from PIL import Image
+
+    img = _png(tmp_path / "x.png")
+    bomb = tmp_path / "bomb.png"
+    Image.new("L", (64, 64)).save(bomb)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 64 x 64 is then past twice the limit: a bomb
+    (tmp_path / "garbage.pt").write_bytes(bytes(range(256)) * 16)
+    (tmp_path / "text.pt").write_text("hello\n")
+    exported = tmp_path / "exp"
+    assert main(["export", str(trained), "--format", "hf", str(exported)]) == 0
+    (exported / "model.safetensors").write_bytes(b"\0" * 64)
+    moved = _copy(trained, tmp_path, "moved")
+    (moved / "metrics.jsonl").unlink()
+    (moved / "metrics.jsonl").mkdir()
+    cases = [
+        (["train", *TINY, "train.epochs=1", "model.num_classes=5"], "model.num_classes=5 but digits has 10"),
+        (["train", *TINY, "train.epochs=1", "model.in_chans=3"], "model.in_chans=3 but digits has 1-channel"),
+        (["train", *TINY, "train.epochs=1", "model.img_size=16"], "set data.img_size=16"),
+        (["train", *TINY, "train.epochs=1", "data.holdout=0.9999"], "holds out all"),
+        (["eval", trained, "steps=!!python/object/apply:os.system"], "not plain YAML"),
+        (["match", "loopvae_conv", "--by", "params"], "not a vision transformer with a core"),
+        (["eval", exported], "cannot read the exported folder"),
+        (["eval", tmp_path / "garbage.pt"], "not a file written by torch.save"),
+        (["eval", tmp_path / "text.pt"], "not a file written by torch.save"),
+        (["predict", trained, bomb], "decompression bomb"),
+        (["train", "--resume", moved], "metrics.jsonl is not a file"),
+    ]
+    for argv, needle in cases:
+        _fails(capsys, [*argv, *(["--out", tmp_path / "r"] if argv[0] == "train" and "--resume" not in argv else [])],
+               needle)
+    assert img.is_file()

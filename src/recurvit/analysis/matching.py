@@ -101,6 +101,9 @@ def describe(name: str, **overrides: Any) -> Dict[str, Any]:
     """Preset ``name`` with ``overrides``: its shape, stored params and forward FLOPs per image."""
     ov = _freeze(overrides)
     cfg = model_config(name, **dict(ov))
+    if not hasattr(cfg, "core_cls"):  # a LoopVAE: its loops are not a core with a matched partner
+        raise UserError(f"{name} is not a vision transformer with a core (a LoopVAE?); match compares a recurrent "
+                        "ViT with its stack partner: give a ViT preset (recurvit flops --list)")
     flops, applications = _forward_cost(name, ov)
     return {
         "name": name,

@@ -21,7 +21,10 @@ def parse_overrides(items: List[str]) -> Dict[str, object]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UserError(f"'{item}' is not of the form key=value (e.g. steps=6)")
-        out[key.removeprefix("model.")] = yaml.safe_load(value)
+        try:
+            out[key.removeprefix("model.")] = yaml.safe_load(value)
+        except yaml.YAMLError as e:  # e.g. a !!python tag: nothing is constructed, and it is one line
+            raise UserError(f"'{item}': the value is not plain YAML ({str(e).splitlines()[0]})") from None
     return out
 
 
@@ -49,7 +52,7 @@ def open_trained(args, **options):
     command reads: the model with
     its weights (``options``: core options to run it with; NaN weights refused), ``--data-root``
     applied, the device of ``--device`` and the run's test split."""
-    from ..export.hf import hf_run_config, is_hf_folder, load_hf
+    from ..export.hf import is_hf_folder, read_hf
     from ..train.checkpoint import check_finite, load_model_and_config
     from ..runtime import build_test_loader, pick_device
 
@@ -57,7 +60,7 @@ def open_trained(args, **options):
         if options:
             raise UserError(f"core options ({', '.join(options)}) apply to a run directory, not to an exported "
                             f"folder; evaluate the run {args.run} came from")
-        model, cfg = load_hf(args.run), hf_run_config(args.run)
+        model, cfg = read_hf(args.run)
     else:
         model, cfg = load_model_and_config(args.run, **options)
     check_finite(model, args.run)  # NaN weights would report meaningless figures (a constant argmax)

@@ -27,6 +27,9 @@ def holdout_indices(n: int, fraction: float, seed: int = HOLDOUT_SEED):
         raise UserError(f"data.holdout must be in [0, 1), got {fraction}")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     take = max(1, round(fraction * n))
+    if take >= n:  # nothing left to train on (a traceback in the first epoch)
+        raise UserError(f"data.holdout={fraction} holds out all {n} training images; choose a smaller fraction "
+                        f"(at most {(n - 1) / n:.4g})")
     return sorted(perm[take:].tolist()), sorted(perm[:take].tolist())
 
 

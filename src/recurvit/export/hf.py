@@ -84,6 +84,22 @@ def hf_run_config(path: Path):
                      data=DataConfig(name=data["name"], root=data.get("root")))
 
 
+def read_hf(path: Path):
+    """(model, run config) of an exported folder; a damaged config.json or model.safetensors is one line."""
+    from safetensors import SafetensorError
+
+    from ..errors import UserError
+
+    try:
+        return load_hf(path), hf_run_config(path)
+    except UserError:
+        raise
+    except (SafetensorError, ValueError, KeyError, TypeError, AttributeError, OSError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot read the exported folder {path}: its config.json or model.safetensors is damaged "
+                        f"({first}); export the run again") from None
+
+
 def load_hf(path: Path):
     """A folder written by :func:`export_hf`, as recurvit's model with its preprocessing."""
     from safetensors.torch import load_file

@@ -53,7 +53,7 @@ def read_images(files: Iterable[Path]) -> Tuple[List[Tuple[str, Any]], List[Tupl
                 if why:
                     raise ValueError(why)
                 ok.append((str(f), im.copy()))
-        except (UnidentifiedImageError, OSError, ValueError) as e:
+        except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
             bad.append((str(f), str(e).splitlines()[0] if str(e) else type(e).__name__))
     return ok, bad
 

@@ -51,8 +51,19 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_model_config(cfg: RunConfig, info) -> RunConfig:
-    """The model follows the data set (img_size, in_chans, num_classes) unless set explicitly."""
-    m = cfg.model
+    """The model follows the data set (img_size, in_chans, num_classes) unless set explicitly; a value set
+    explicitly that cannot read the data (fewer classes than its labels, other channels, another size
+    without model.dynamic_img_size) is one line here, not a traceback at the first batch."""
+    m, name = cfg.model, cfg.data.name
+    if m.num_classes is not None and info.num_classes is not None and m.num_classes < info.num_classes:
+        raise UserError(f"model.num_classes={m.num_classes} but {name} has {info.num_classes} classes; drop "
+                        "model.num_classes (it follows the data set)")
+    if m.in_chans is not None and m.in_chans != info.in_chans:
+        raise UserError(f"model.in_chans={m.in_chans} but {name} has {info.in_chans}-channel images; drop "
+                        "model.in_chans (it follows the data set)")
+    if m.img_size is not None and m.img_size != info.img_size and not getattr(m, "dynamic_img_size", False):
+        raise UserError(f"model.img_size={m.img_size} but {name} gives {info.img_size}x{info.img_size} images; set "
+                        f"data.img_size={m.img_size} to resize them, or drop model.img_size")
     m = replace(m,
                 img_size=m.img_size if m.img_size is not None else info.img_size,
                 in_chans=m.in_chans if m.in_chans is not None else info.in_chans,

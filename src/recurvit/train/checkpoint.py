@@ -199,13 +199,15 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Dict[str, An
         ckpt = torch.load(p, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise UserError(f"checkpoint not found: {p}") from None
-    except pickle.UnpicklingError as e:
-        if "weights only load failed" in str(e).lower():  # a pickle of objects other than tensors and plain types
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError,
+            IndexError, TypeError, AttributeError) as e:  # the unpickler fails on junk in many ways
+        if not zipfile.is_zipfile(p):  # random bytes, an ONNX file, text: not a torch.save archive at all
+            raise UserError(f"cannot read checkpoint {p}: it is not a file written by torch.save (a zip archive); "
+                            "give a run directory or its last.pt / best.pt") from None
+        if isinstance(e, pickle.UnpicklingError) and "weights only load failed" in str(e).lower():
+            # a pickle of objects other than tensors and plain types
             raise UserError(f"{p} is not a recurvit checkpoint: it contains code objects "
                             "(refusing to load it with weights_only)") from None
-        raise UserError(f"cannot read checkpoint {p}: corrupt, truncated or not a safe torch file "
-                        f"({_first_line(e)})") from None
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as e:
         raise UserError(f"cannot read checkpoint {p}: corrupt, truncated or not a safe torch file "
                         f"({_first_line(e)})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "model" not in ckpt or "config" not in ckpt:

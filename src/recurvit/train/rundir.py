@@ -100,6 +100,9 @@ class RunDir:
         path = Path(path)
         if not path.is_dir():
             raise UserError(f"cannot resume: {path} is not a run directory")
+        if (path / METRICS).exists() and not (path / METRICS).is_file():
+            raise UserError(f"cannot resume {path}: its {METRICS} is not a file; put back the run's metrics file "
+                            "(or remove what is there: the run goes on from its last.pt)")
         run = cls(path, created=False, owner=owner)
         if owner:
             run._lock()
@@ -121,8 +124,13 @@ class RunDir:
                 raise UserError(f"run directory {self.path} is in use by another process (pid {pid}); "
                                 "wait for it to finish or choose another --out") from None
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as e:  # a 100%-full disk: one line, before anything else is written
+            os.close(fd)
+            ckpt_io.raise_if_no_space(e, self.path / LOCK)
+            raise
         self._lock_fd = fd
 
     def release(self) -> None:
