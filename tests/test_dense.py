@@ -174,3 +174,25 @@ def test_two_gloo_processes_follow_the_one_process_run(tmp_path):
     for a, b in zip(one, two):
         for key in ("train_loss", "val_loss", "val_acc"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a["epoch"], key)
+
+
+# ------------------------------------------------------------------------------------ the configs
+def test_every_maze_config_builds_its_model_and_the_vit_matches_the_anchor():
+    from pathlib import Path
+
+    from recurvit.runtime import resolve_model_config
+    from recurvit.train import checkpoint as ckpt_io
+
+    root = Path(__file__).resolve().parents[1] / "src/recurvit/configs/mazes"
+    params = {}
+    for path in sorted(root.glob("*.yaml")):
+        cfg = load_config(path)
+        DenseTask(cfg).check()
+        info = type("Info", (), dict(img_size=24, in_chans=3, num_classes=2))
+        model = ckpt_io.build_model_from_config(resolve_model_config(cfg, info))
+        assert model(torch.rand(1, 3, 32, 32)).shape == (1, 2, 32, 32)  # a larger maze runs
+        params[path.stem] = sum(p.numel() for p in model.parameters())
+    regimes = {name.split("_", 1)[1] for name in params}
+    assert {"naive", "recall", "recall_prog", "random_depth", "deep_supervision"} <= regimes
+    for regime in regimes - {"naive"}:  # recall regimes: equal parameters within 10%
+        assert abs(params[f"vit_{regime}"] / params[f"dt_{regime}"] - 1) < 0.1, regime
