@@ -67,3 +67,18 @@ def test_one_pass_gives_every_iteration_at_every_size(tmp_path):
     assert rows[0]["solved_4T"] is None and rows[0]["drop_10T"] is None
     plot_solved(sweeps, 3, tmp_path / "solved.png")
     assert (tmp_path / "solved.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_trained_run_is_swept_from_its_directory(tmp_path):
+    from recurvit.analysis.mazes import sweep_run
+    from recurvit.tasks.classify import train
+
+    train(load_config(None, ["data.name=mazes", "data.maze_train=32", "data.maze_val=8", "data.maze_test=4",
+                             "data.maze_test_sizes=[9,13]", "model.name=dt_net_recall", "model.width=8", "model.steps=2",
+                             "train.epochs=1", "train.batch_size=16", "train.progress=false", "train.device=cpu"]),
+          tmp_path / "run", log=lambda *a: None)
+    res = sweep_run(tmp_path / "run", factor=3, sizes=[9, 17], n=3, out=tmp_path / "sweep")
+    assert res["trained_steps"] == 2 and sorted(res["sweeps"]) == [9, 17]
+    assert res["sweeps"][17]["n"] == 3 and len(res["sweeps"][17]["solved"]) == 6
+    assert (tmp_path / "sweep" / "sweeps.json").is_file() and (tmp_path / "sweep" / "solved.png").is_file()

@@ -6,6 +6,7 @@ applications per batch (``model.iter_states``: no prefix is re-run), as :mod:`.h
     sweeps = maze_sweep_sizes(model, sets, device, max_steps=10 * T)
     summarize_mazes(sweeps, trained=T)                            # solved at T, 2T, ... 10T, per size
     plot_solved(sweeps, T, "solved.png")                          # solved against iterations, a line a size
+    sweep_run("runs/RUN", factor=10, n=300, out=Path("runs/RUN/mazes"))   # all of it for a trained run
 
 The rules, each image on its own:
 
@@ -100,6 +101,35 @@ def maze_sweep_sizes(model: nn.Module, sets: Mapping[int, object], device: torch
                              **rule_options) for size, data in sorted(sets.items())}
 
 
+def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, sizes: Optional[List[int]] = None,
+              n: Optional[int] = None, batch_size: int = 50, device: str = "cpu", out: Optional[Path] = None,
+              **rule_options) -> Dict[str, object]:
+    """The sweep of a trained maze run (a run directory or checkpoint): every size of ``sizes`` (default: the
+    run's ``data.maze_test_sizes``), ``n`` test mazes each (default: the run's ``data.maze_test``), up to
+    ``max_steps`` (default ``factor`` x the trained depth). With ``out`` (a folder) writes sweeps.json and
+    solved.png there. Returns {"trained_steps", "sweeps", "rows"}."""
+    import json
+    from dataclasses import replace
+
+    from ..data.mazes import maze_test_sets
+    from ..train.checkpoint import load_model_and_config
+
+    model, cfg = load_model_and_config(run)
+    data = replace(cfg.data, maze_test_sizes=list(sizes or cfg.data.maze_test_sizes),
+                   maze_test=int(n or cfg.data.maze_test))
+    dev = torch.device(device)
+    model = model.to(dev)
+    T = model.nominal_steps
+    sweeps = maze_sweep_sizes(model, maze_test_sets(data), dev, max_steps or factor * T, batch_size, **rule_options)
+    result = {"trained_steps": T, "sweeps": sweeps, "rows": summarize_mazes(sweeps, T)}
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweeps.json").write_text(json.dumps(result))
+        plot_solved(sweeps, T, out / "solved.png", title=f"{cfg.model.name}: solved against iterations")
+    return result
+
+
 def summarize_mazes(sweeps: Mapping[int, Dict[str, object]], trained: int) -> List[Dict[str, object]]:
     """One row a size: solved at k x T for k in FACTORS (None beyond the sweep), the best iteration's
     solved and that iteration (a description of the curve: the sweep reads a test split, so it chooses
@@ -149,4 +179,4 @@ def plot_solved(sweeps: Mapping[int, Dict[str, object]], trained: int, path: Pat
         fig.savefig(path)
 
 
-__all__ = ["FACTORS", "maze_sweep", "maze_sweep_sizes", "plot_solved", "summarize_mazes"]
+__all__ = ["FACTORS", "maze_sweep", "maze_sweep_sizes", "plot_solved", "summarize_mazes", "sweep_run"]
