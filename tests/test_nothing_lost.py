@@ -228,6 +228,8 @@ def test_vae_intervene_is_priced_before_it_runs(tmp_path, capsys, monkeypatch):
     assert main(["vae", "train", *VAE, "--out", str(run)]) == 0
     _fails(capsys, ["vae", "intervene", run, "--extra", "100000000", "--truncate", "", "--factors", ""],
            "would take about")
+    _fails(capsys, ["vae", "intervene", run, "--loop", "-5"], "--loop -5")  # item 11: were clamped in silence
+    _fails(capsys, ["vae", "intervene", run, "--truncate", "50"], "--truncate 50 removes more loops")
 
 
 # ------------------------------------------------------------- 10. Ctrl-C while a checkpoint is written
@@ -308,3 +310,15 @@ def test_more_bad_inputs_are_one_line(trained, tmp_path, capsys, monkeypatch):
         _fails(capsys, [*argv, *(["--out", tmp_path / "r"] if argv[0] == "train" and "--resume" not in argv else [])],
                needle)
     assert img.is_file()
+
+
+# ------------------------------------------------------------ 11. a study file's nonsense, at once
+@pytest.mark.parametrize("grid,needle", [
+    ("grid: {}\n", "grid has no axis"),
+    ("grid:\n  regime:\n    a: {train.epochs: 1}\n    a: {train.epochs: 2}\n", "'a' is given twice"),
+])
+def test_a_study_grid_that_is_empty_or_names_a_variant_twice_is_refused(tmp_path, capsys, grid, needle):
+    study = tmp_path / "s.yaml"
+    study.write_text(f"name: s\nbase: {ROOT / 'configs/digits/bvit.yaml'}\n{grid}")
+    _fails(capsys, ["study", study, "--out", tmp_path / "out"], needle)
+    assert not (tmp_path / "out" / "runs").exists()

@@ -235,6 +235,12 @@ def _intervene(args) -> int:
     extra = _ints(args.extra, "--extra", 1) if args.extra else []
     factors = _floats(args.factors, "--factors") if args.factors else []
     model, cfg, _, _, loader, device = _setup(args)
+    most = max([*model.cfg.loops, *model.cfg.dec_loops])  # values that were clamped in silence
+    if args.loop is not None and not 0 <= args.loop < most:
+        raise UserError(f"--loop {args.loop}: this model's scales run loops 0..{most - 1}; choose one of them")
+    if any(k > most for k in truncate):
+        raise UserError(f"--truncate {max(truncate)} removes more loops than any scale runs ({most}); choose at most "
+                        f"{most}")
     specs = intervention_specs(model, truncate, extra, factors, args.loop, sides)
     _check_cost(model, loader, device, specs, args)
     rows = run_interventions(model, loader, device, specs, cfg.train.amp, progress=not args.json)

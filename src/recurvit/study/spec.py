@@ -104,12 +104,35 @@ def _label(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", str(value))
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """yaml's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last in silence: two
+    grid variants with the same label collapsed into one)."""
+
+
+def _unique_mapping(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor': merged keys may be overridden
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"'{key}' is given twice", key_node.start_mark)
+            seen.add(key)
+        except TypeError:  # an unhashable key: yaml's own constructor says so
+            break
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def load_study(path: str | Path) -> Study:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"study file not found: {p}")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yaml.load(p.read_text(), Loader=_UniqueKeys) or {}  # safe, and a key given twice is an error
     except yaml.YAMLError as e:
         raise UserError(f"study file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, dict):
@@ -185,6 +208,8 @@ def load_study(path: str | Path) -> Study:
         compare=compare, frontier=bool(rep.get("frontier", False)),
         runs_dir=(p.parent / raw["runs"]).resolve() if raw.get("runs") else None,
         results=(p.parent / raw["results"]).resolve() if raw.get("results") else None, path=p)
+    if not axes:  # was: one run of the base, its full budget, exit 0
+        raise UserError(f"study file {p}: grid has no axis; give at least one (e.g. train.seed: [0, 1, 2])")
     study.registration = _registration(raw.get("registration"), p, axes)
     study.runs = expand(study) if source is None else _expand_from(study, source)
     study.claims = load_claims(p, {axis: [lbl for lbl, _ in variants] for axis, variants in axes}, study.results)
