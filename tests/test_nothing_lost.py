@@ -322,3 +322,13 @@ def test_a_study_grid_that_is_empty_or_names_a_variant_twice_is_refused(tmp_path
     study.write_text(f"name: s\nbase: {ROOT / 'configs/digits/bvit.yaml'}\n{grid}")
     _fails(capsys, ["study", study, "--out", tmp_path / "out"], needle)
     assert not (tmp_path / "out" / "runs").exists()
+
+
+@pytest.mark.parametrize("where", ["runs: {f}\n", "results: {f}\n", "runs: /sys/r\n", "results: /sys/r\n"])
+def test_a_study_whose_runs_or_results_cannot_be_written_is_refused_before_it_runs(tmp_path, capsys, where):
+    (tmp_path / "afile").write_text("x")
+    study = tmp_path / "s.yaml"
+    study.write_text(f"name: s\nbase: {ROOT / 'configs/digits/bvit.yaml'}\ngrid: {{train.seed: [0]}}\n"
+                     + where.format(f=tmp_path / "afile"))
+    err = _fails(capsys, ["study", study])
+    assert ("is a file" in err or "/sys" in err), err

@@ -105,9 +105,14 @@ def _run(args, study, out, workers, opts) -> int:
     from ..study import collect, run_study, write_report
     from ..study.archive import archive, archived
 
+    from ..train.outputs import output_dir
+
     log = (lambda *a, **k: None) if args.json else print
     if args.report_only and args.only:
         raise UserError("--only picks runs to train; --report-only trains none")
+    output_dir(study.results or out, "results folder")  # a file or a read-only place there: one line now, not
+    if not args.report_only:  # after hours of runs
+        output_dir(out / "runs", "runs folder")
     if args.report_only:
         rows = collect(out, study)
         saved = (study.results or out) / "results.csv"
