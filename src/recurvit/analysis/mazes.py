@@ -33,9 +33,11 @@ FACTORS = (1, 2, 4, 8, 10, 16)  # solved at k x T for these k (when the sweep re
 
 @torch.no_grad()
 def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_steps: int, min_steps: int = 1,
-               patience: int = 1) -> Dict[str, object]:
+               patience: int = 1, keep: int = 0) -> Dict[str, object]:
     """Per iteration 1..K: pixel accuracy and solved (share of images with every pixel right); per rule
-    (``max_conf``, ``stable``): solved and the iterations used. See the module docstring."""
+    (``max_conf``, ``stable``): solved and the iterations used. See the module docstring. ``keep`` > 0:
+    also ``kept``, the first ``keep`` images of the first batch (uint8 (n, 3, H, W) in 0..255 as the loader
+    gives them in [0, 1]), their targets and predicted masks at K (uint8 (n, H, W)), for a picture."""
     model.eval()
     K = int(max_steps)
     if K < 1 or min_steps < 1 or patience < 1:
@@ -75,6 +77,9 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
                 stop_solved[stop] = solved[stop]
                 stopped |= stop
             prev = pred
+        if keep and "kept" not in rules:
+            rules["kept"] = {"image": (x[:keep].clamp(0, 1) * 255).round().to(torch.uint8).cpu(),
+                             "target": y[:keep].to(torch.uint8).cpu(), "pred": pred[:keep].to(torch.uint8).cpu()}
         stop_solved[~stopped] = solved[~stopped]  # never stable: the last iteration's readout
         rules["max_conf"]["solved"] += int(best_solved.sum())
         rules["max_conf"]["steps"] += best_step.tolist()
@@ -84,11 +89,14 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
         n += B
     out: Dict[str, object] = {"step": list(range(1, K + 1)), "accuracy": (correct / max(pixels, 1)).tolist(),
                               "solved": (solved_k / max(n, 1)).tolist(), "n": n}
+    kept = rules.pop("kept", None)
     for r, v in rules.items():
         steps = v["steps"]
         out[r] = {"solved": v["solved"] / max(n, 1), "steps_mean": sum(steps) / max(len(steps), 1),
                   "steps_max": max(steps, default=0), "steps": steps}
     out["stable"].update(min_steps=min_steps, patience=patience)
+    if kept is not None:
+        out["kept"] = kept
     return out
 
 

@@ -129,7 +129,7 @@ def epochs(cells: List[Dict[str, Any]], out: Path, name: str, key: str = "curve"
     return f"{ylabel} against epoch", _save(fig, out / EPOCHS[1])
 
 
-def every_run(rows: List[Dict[str, Any]], cell_of, out: Path, name: str) -> Tuple[str, str]:
+def every_run(rows: List[Dict[str, Any]], cell_of, out: Path, name: str, word: str = "accuracy") -> Tuple[str, str]:
     """Every run's validation accuracy (test where the runs hold no split out) against epoch, one colour a
     cell, the last 20% of the epochs shaded: whether a budget was enough, read off every run."""
     fig = Figure(figsize=(6.4, 3.8), dpi=120)
@@ -149,12 +149,12 @@ def every_run(rows: List[Dict[str, Any]], cell_of, out: Path, name: str) -> Tupl
         ax.axvspan(longest - round(0.2 * longest), longest, color="grey", alpha=0.15, lw=0, label="last 20% of epochs")
     ax.set_xlabel("epoch")
     split = "validation" if key == "val_acc_curve" else "test"
-    ax.set_ylabel(f"{split} accuracy, every run (%)")
+    ax.set_ylabel(f"{split} {word}, every run (%)")
     _percent(ax)
     ax.grid(alpha=0.3)
     _legend(ax, fontsize=6)
-    ax.set_title(f"{name}: {split} accuracy of every run against epoch", fontsize=9)
-    return f"{split} accuracy of every run against epoch", _save(fig, out / "every_run.png")
+    ax.set_title(f"{name}: {split} {word} of every run against epoch", fontsize=9)
+    return f"{split} {word} of every run against epoch", _save(fig, out / "every_run.png")
 
 
 def frontier(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) -> Tuple[str, str]:

@@ -29,9 +29,10 @@ def evaluator_columns(rows: List[Dict[str, Any]], study: Study) -> List[str]:
 
 
 def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> None:
-    axes = [a for a, _ in study.axes]
+    axes, view = [a for a, _ in study.axes], STUDIES[study.task]
     variant_keys = sorted({f"variant_{k}" for r in rows for k, v in (r.get("variants") or {}).items() if v})
-    keys = (["run_id"] + axes + [k for k in STUDIES[study.task].CSV_KEYS if k not in axes]
+    own = view.csv_columns(rows) if hasattr(view, "csv_columns") else []  # a task's columns that vary with its runs
+    keys = (["run_id"] + axes + [k for k in view.CSV_KEYS if k not in axes] + [k for k in own if k not in axes]
             + evaluator_columns(rows, study) + variant_keys)
     import io
 
@@ -173,8 +174,9 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
         lines += ["Failed runs (not in the table):", ""] + [f"- `{r['run_id']}`: {r['error']}" for r in failed] + [""]
     plots = _plots(cs, study, out_dir, chance)
     if study.registration and rows:  # a registered study shows every run's curve: was its budget enough?
-        lines += every_run_table(rows, study)
-        plots.insert(0, every_run(rows, lambda r: _cell_name(r, study), out_dir, study.name))
+        word = getattr(view, "CURVE_WORD", "accuracy")  # the per-epoch figure its runs' curves hold
+        lines += every_run_table(rows, study, word)
+        plots.insert(0, every_run(rows, lambda r: _cell_name(r, study), out_dir, study.name, word))
     for title, name in plots:
         lines += [f"![{title}]({name})", ""]
     from ..train.rundir import write_atomic
@@ -187,7 +189,7 @@ def _cell_name(r: Dict[str, Any], study: Study) -> str:
     return "/".join(str(r.get(a)) for a in study.cell_axes())
 
 
-def every_run_table(rows: List[Dict[str, Any]], study: Study) -> List[str]:
+def every_run_table(rows: List[Dict[str, Any]], study: Study, word: str = "accuracy") -> List[str]:
     """Each run's last validation (else test) accuracy and its change over the last 20% of its epochs (a
     least-squares line through them, :func:`recurvit.study.plateau.plateau_change`), against the plateau
     criterion: whether the budget was enough is read off the data, run by run."""
@@ -204,10 +206,12 @@ def every_run_table(rows: List[Dict[str, Any]], study: Study) -> List[str]:
                      "-" if change is None else ("still rising" if change >= PLATEAU_TOL else
                                                  "falling" if change <= -PLATEAU_TOL else "plateau")])
     split = "validation" if key == "plateau_val" else "test"
-    return ([f"Every run (registered study): its last {split} accuracy and the change over its last 20% of "
+    short, summary = ("acc", plateau_summary(rows)) if word == "accuracy" else \
+        (word, plateau_summary(rows).replace("accuracy", word))
+    return ([f"Every run (registered study): its last {split} {word} and the change over its last 20% of "
              f"epochs (points; a plateau is a change under {100 * PLATEAU_TOL:.1f} points either way):", ""]
-            + table(["run", "epochs", f"last {split} acc (%)", "Δ last 20% (points)", "reads"], body)
-            + ["", plateau_summary(rows), ""])
+            + table(["run", "epochs", f"last {split} {short} (%)", "Δ last 20% (points)", "reads"], body)
+            + ["", summary, ""])
 
 
 def evaluated_table(cs: List[Dict[str, Any]], study: Study) -> List[str]:

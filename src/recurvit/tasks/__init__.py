@@ -12,10 +12,10 @@ from .classify import ClassifyTask, evaluate, train, train_one_epoch
 from .dense import DenseTask, train_dense
 from .finetune import FinetuneTask, finetune, finetune_resume
 from .vae import VAETask, train_vae
-from . import classify_study, finetune_study, vae_study
+from . import classify_study, dense_study, finetune_study, vae_study
 
 TASKS = {ClassifyTask.name: ClassifyTask, VAETask.name: VAETask, DenseTask.name: DenseTask}  # a fine-tune is a classify run
-STUDIES = {m.name: m for m in (classify_study, finetune_study, vae_study)}  # what a study asks of each task's runs
+STUDIES = {m.name: m for m in (classify_study, finetune_study, vae_study, dense_study)}  # what a study asks of each task's runs
 
 __all__ = ["Task", "TASKS", "STUDIES", "ClassifyTask", "DenseTask", "FinetuneTask", "VAETask", "train_dense", "train", "train_one_epoch", "evaluate",
            "finetune", "finetune_resume", "train_vae"]

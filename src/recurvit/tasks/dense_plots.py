@@ -1,0 +1,92 @@
+"""The plots of a dense (maze) study's report: solved against test-time iterations, one line a maze size,
+a panel a cell (cells of the first grid axis side by side: the recurrent ViT beside the conv anchor), and
+one large maze (input, prediction, target) of the first seed of the best cell."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+PANELS = ("mazes solved against test-time iterations", "solved_vs_iterations.png")
+PICTURE = "maze_solved.png"
+
+
+def _layout(cs: List[Dict[str, Any]], axes: List[str]) -> List[List[Optional[Dict[str, Any]]]]:
+    """Rows of panels: with two or more cell axes, a column per label of the first; else up to 4 a row."""
+    if len(axes) >= 2:
+        cols = list(dict.fromkeys(str(c[axes[0]]) for c in cs))
+        rows: Dict[tuple, Dict[str, Any]] = {}
+        for c in cs:
+            rows.setdefault(tuple(str(c[a]) for a in axes[1:]), {})[str(c[axes[0]])] = c
+        return [[r.get(k) for k in cols] for r in rows.values()]
+    width = min(4, len(cs))
+    return [cs[i:i + width] + [None] * (width - len(cs[i:i + width])) for i in range(0, len(cs), width)]
+
+
+def solved_panels(cs: List[Dict[str, Any]], study, out_dir: Path) -> Tuple[str, str]:
+    """Solved (mean over the cell's seeds) against iterations on a log axis, a line a size, a panel a cell."""
+    from matplotlib.figure import Figure
+
+    from ..analysis.mazes import plot_solved
+
+    grid = _layout(cs, study.cell_axes())
+    nr, nc = len(grid), max(len(r) for r in grid)
+    fig = Figure(figsize=(4.2 * nc, 3.2 * nr), dpi=110)
+    for i, row in enumerate(grid):
+        for j, c in enumerate(row):
+            ax = fig.add_subplot(nr, nc, i * nc + j + 1)
+            if c is None or not c["sweeps"]:
+                ax.axis("off")
+                continue
+            sweeps = {s: sw for s, sw in c["sweeps"].items()}
+            plot_solved(sweeps, int(c["steps"]), Path(), title=f"{c['cell']} ({c['model']}, n={c['n']})", ax=ax)
+    fig.tight_layout()
+    fig.savefig(out_dir / PANELS[1])
+    return PANELS
+
+
+def _best_cell(cs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The cell with the most solved at the largest size (at 10T, else at T), among cells with an example."""
+    def score(c):
+        s = max(c["sizes"]) if c["sizes"] else None
+        for key in (f"solved_{s}_10T", f"solved_{s}"):
+            if key in c and not math.isnan(c[key]["mean"]):
+                return (s, c[key]["mean"])
+        return (-1, -1.0)
+
+    have = [c for c in cs if any(isinstance(r.get("maze_example"), dict) for r in c["rows"])]
+    return max(have, key=score) if have else None
+
+
+def maze_picture(cs: List[Dict[str, Any]], out_dir: Path) -> Optional[Tuple[str, str]]:
+    """Input, prediction and target of the example maze kept by the first seed (with one) of the best cell."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    c = _best_cell(cs)
+    if c is None:
+        return None
+    r = min((r for r in c["rows"] if isinstance(r.get("maze_example"), dict)),
+            key=lambda r: (r.get("seed") is None, r.get("seed")))
+    ex = r["maze_example"]
+    img = np.array([[[int(px[i:i + 2], 16) for i in (0, 2, 4)] for px in _split(row)] for row in ex["image"]],
+                   dtype=np.uint8)
+    mask = lambda rows: np.array([[int(v) for v in row] for row in rows], dtype=np.uint8)  # noqa: E731
+    fig = Figure(figsize=(9, 3.3), dpi=110)
+    state = "solved" if ex["solved"] else "not solved"
+    for i, (title, im) in enumerate((("input", img), (f"prediction after {ex['iterations']} iterations ({state})",
+                                                      mask(ex["pred"])), ("target path", mask(ex["target"])))):
+        ax = fig.add_subplot(1, 3, i + 1)
+        ax.imshow(im, cmap=None if im.ndim == 3 else "gray", interpolation="nearest")
+        ax.set_title(title, fontsize=8)
+        ax.axis("off")
+    fig.suptitle(f"{c['cell']}, seed {r.get('seed')}: a {ex['size']}x{ex['size']} test maze (trained at T = "
+                 f"{r.get('steps')})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out_dir / PICTURE)
+    return (f"one {ex['size']}x{ex['size']} maze ({c['cell']}, seed {r.get('seed')}): input, prediction, target",
+            PICTURE)
+
+
+def _split(row: str) -> List[str]:
+    return [row[i:i + 6] for i in range(0, len(row), 6)]

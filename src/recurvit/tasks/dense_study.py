@@ -1,0 +1,184 @@
+"""What a study asks of dense (maze) runs: each run's result row (train, then one sweep of sizes x test-time
+iterations, :class:`recurvit.tasks.dense_eval.Mazes`) and the columns, tables and plots of its report.
+
+::
+
+    name: mazes
+    task: dense
+    base: ../src/recurvit/configs/mazes/vit_naive.yaml
+    grid:
+      regime: {vit_naive: {}, dt_recall_prog: {base: ../src/recurvit/configs/mazes/dt_recall_prog.yaml}}
+      train.seed: [0, 1, 2]
+    eval:
+      mazes: {max_steps_factor: 10, mazes: 300, min_steps: null, patience: 3}   # the defaults
+
+The per-size columns (``solved_<s>``, ``solved_<s>_10T``, ``drop_10T_<s>``, ...) are listed in
+:mod:`recurvit.tasks.dense_eval`; results.csv holds them for every size a run was tested at.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..runtime import quiet
+from ..study.grouping import table
+from ..study.plateau import plateau_change, plateau_per_seed, plateau_summary
+from ..study.stats import fmt_ci, mean_ci
+from ..study.workers import run_config, train_in_processes
+from .dense_eval import EVALUATORS, RUN_COLUMNS, size_columns  # noqa: F401  (EVALUATORS: the study's table)
+
+name = "dense"
+CSV_KEYS = ["model", "core", "runs_as", "width", "steps", "seed", "epochs", "params", "params_stored",
+            "flops_forward", "nfe", *RUN_COLUMNS, "train_seconds", "eval_seconds", "plateau_val"]
+STAT_KEYS = ["val_solved", "val_best_iter", "train_seconds", "eval_seconds"]
+SHARED_KEYS = ["model", "core", "runs_as", "width", "steps", "epochs", "params_stored", "flops_forward", "nfe",
+               "max_iters"]
+CURVE_KEY = "val_acc_curve"  # validation solved a epoch (the figure best.pt is chosen on)
+CURVE_WORD = "solved"  # what the every-run table and plot of a registered study read: validation solved
+_SIZES = range(3, 129, 2)
+CONTRAST = ([f"solved_{s}{k}" for s in _SIZES for k in ("", "_10T")], 100.0, "points")  # report.compare
+ACC_HEAD = {f"solved_{s}{k}": f"solved {s}x{s} @{'10T' if k else 'T'}" for s in _SIZES for k in ("", "_10T")}
+_SIZE = re.compile(r"^solved_(\d+)$")
+
+
+# ------------------------------------------------------------------------------- one run's row
+def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
+        threads: Optional[int] = None) -> Dict[str, Any]:
+    """Train (or resume) the maze run, then sweep it (:data:`EVALUATORS`); the row also holds its cost."""
+    from ..config import load_config
+    from .classify import train  # data with a per-pixel target train as the dense task
+
+    cfg = run_config(load_config, out, base, overrides)
+    cfg.train.progress = False
+    if nproc > 1:
+        metrics = train_in_processes(["train"], base, overrides, out, nproc, threads)
+    else:
+        metrics = train(cfg, out, resume=out.is_dir(), log=quiet)
+    return evaluate_trained(out, eval_spec, metrics)
+
+
+def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """The result row of a trained maze run (its last.pt: best.pt is chosen on validation at T only)."""
+    from ..analysis.accounting import count_params, measure_flops
+    from ..data.mazes import maze_pixels
+    from ..runtime import pick_device
+    from ..study.evaluators import Evaluated, evaluate_run
+    from ..train.checkpoint import load_model_and_config
+    from ..train.rundir import RunDir
+
+    t0 = time.perf_counter()
+    model, cfg = load_model_and_config(out / "last.pt")
+    device = pick_device(cfg.train.device)
+    model.to(device)
+    figures = evaluate_run(Evaluated(model, cfg, out, device, None, None), eval_spec, EVALUATORS)
+    px = maze_pixels(cfg.data.maze_size)  # the cost of one training-size maze at T
+    flops = measure_flops(model.cpu(), (3, px, px), train=False)
+    acct = {**count_params(model, block_uses=flops["block_uses"]), **flops}
+    mc = model.cfg
+    logged = RunDir(out, created=False, owner=False).read_metrics()
+    val_curve = [m.get("val_solved") for m in logged] if any("val_solved" in m for m in logged) else None
+    return {
+        "model": cfg.model.name, "core": mc.core, "runs_as": mc.core_cls.describe(mc),
+        "width": mc.width if hasattr(mc, "width") else mc.embed_dim, "steps": model.nominal_steps,
+        "seed": cfg.train.seed, "epochs": cfg.train.epochs, "params": acct["params"],
+        "params_stored": acct["params_stored"], "flops_forward": acct["flops_forward"], "nfe": acct["nfe"],
+        **figures, "train_seconds": metrics.get("train_seconds"), "eval_seconds": time.perf_counter() - t0,
+        "val_acc_curve": val_curve, "val_pixel_acc_curve": [m.get("val_acc") for m in logged],
+        "plateau_val": plateau_change(val_curve),
+    }
+
+
+# ------------------------------------------------------------------------------------ the report
+def sizes_of(rows: List[Dict[str, Any]]) -> List[int]:
+    """The maze sizes some row was tested at (read off its solved_<s> columns)."""
+    return sorted({int(m.group(1)) for r in rows for k in r for m in [_SIZE.match(k)] if m})
+
+
+def csv_columns(rows: List[Dict[str, Any]]) -> List[str]:
+    """results.csv's per-size columns (after CSV_KEYS): every size's, in a fixed order, that some row has."""
+    return [c for c in size_columns(sizes_of(rows)) if any(r.get(c) is not None for r in rows)]
+
+
+def fix_row(r: Dict[str, Any]) -> None:
+    return None
+
+
+def prepare_rows(rs: List[Dict[str, Any]]) -> None:
+    return None
+
+
+def fill_cell(c: Dict[str, Any], rs: List[Dict[str, Any]]) -> None:
+    """Every per-size column's mean and 95% interval, and the mean sweep curves (from result.json)."""
+    for col in csv_columns(rs):
+        c[col] = mean_ci([r.get(col) for r in rs])
+    c["sizes"] = sizes_of(rs)
+    sweeps = [r["maze_sweeps"] for r in rs if isinstance(r.get("maze_sweeps"), dict)]
+    c["sweeps"] = {}
+    for s in (sorted({int(k) for sw in sweeps for k in sw}) if sweeps else []):
+        curves = [sw[str(s)]["solved"] for sw in sweeps if str(s) in sw]
+        K = min(len(x) for x in curves)
+        c["sweeps"][s] = {"step": list(range(1, K + 1)), "solved": [sum(x[i] for x in curves) / len(curves)
+                                                                     for i in range(K)]}
+
+
+def chance(rows: List[Dict[str, Any]]) -> float:
+    return math.nan
+
+
+def intro(rows: List[Dict[str, Any]], seeds: list) -> List[str]:
+    T = sorted({r.get("steps") for r in rows if r.get("steps")})
+    return [f"{len(rows)} runs; seeds {seeds}; T = trained iterations ({', '.join(map(str, T)) or '-'}). Solved = "
+            "the share of test mazes with every pixel right, in % as mean ± half-width of the 95% t-interval over "
+            "seeds, at T and at the most iterations swept (10T by default), read from last.pt. The best iteration "
+            "is chosen on the validation split at the training size, never on a test set; Δ last 20% epochs = "
+            "the change of each seed's validation solved over its last 20% of epochs (a plateau is near 0).", ""]
+
+
+def tables(cs: List[Dict[str, Any]], study) -> List[str]:
+    axes = study.cell_axes()
+    sizes = sorted({s for c in cs for s in c["sizes"]})
+    ten = any(f"solved_{s}_10T" in c for c in cs for s in sizes)
+    head = axes + ["model", "params (stored)", "T", "val solved @T", "chosen iter (val)"] + \
+        [f"{s}: @T" for s in sizes] + ([f"{s}: @10T" for s in sizes] if ten else []) + \
+        ["Δ last 20% epochs, each seed", "train s"]
+    get = lambda c, k: fmt_ci(c[k]) if k in c else "-"  # noqa: E731
+    body = [[str(c[a]) for a in axes] + [
+        c["model"], f"{c['params_stored']:,}", str(c["steps"]), fmt_ci(c["val_solved"]),
+        fmt_ci(c["val_best_iter"], 1.0, 1)] + [get(c, f"solved_{s}") for s in sizes] +
+        ([get(c, f"solved_{s}_10T") for s in sizes] if ten else []) +
+        [plateau_per_seed(c), f"{c['train_seconds']['mean']:.0f}"] for c in cs]
+    lines = ["Mazes solved (%) per test size, at the trained depth T and at 10T:", ""] + table(head, body) + [""]
+    if sizes:
+        s = sizes[-1]
+        cols = [("solved", f"solved_{s}"), ("at the chosen iter", f"best_solved_{s}"),
+                ("@10T − chosen (points)", f"drop_10T_{s}"), ("max-conf rule", f"rule_conf_solved_{s}"),
+                ("its iters", f"rule_conf_iters_{s}"), ("stable rule", f"rule_stable_solved_{s}"),
+                ("its iters", f"rule_stable_iters_{s}"), ("slope / doubling (points)", f"solved_{s}_slope")]
+        scale = {f"rule_conf_iters_{s}": 1.0, f"rule_stable_iters_{s}": 1.0}
+        lines += [f"At the largest size ({s}x{s}): solved at the iteration chosen on validation, the change from "
+                  "there to 10T, the two stopping rules (solved and mean iterations used) and the slope of solved "
+                  "over log2 iterations (T, 2T, 4T, 10T):", ""]
+        lines += table(axes + [h for h, _ in cols], [[str(c[a]) for a in axes] + [
+            fmt_ci(c[k], scale.get(k, 100.0), 1 if k in scale else 2) if k in c else "-" for _, k in cols]
+            for c in cs]) + [""]
+    summary = plateau_summary([r for c in cs for r in c["rows"]])
+    return lines + ([summary.replace("accuracy", "solved"), ""] if summary else [])
+
+
+def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
+    from .dense_plots import maze_picture, solved_panels
+
+    made = []
+    if any(c["sweeps"] for c in cs):
+        made.append(solved_panels(cs, study, out_dir))
+    elif (out_dir / "solved_vs_iterations.png").is_file():  # the report rebuilt from results.csv alone
+        made.append(("mazes solved against test-time iterations", "solved_vs_iterations.png"))
+    pic = maze_picture(cs, out_dir)
+    if pic:
+        made.append(pic)
+    elif (out_dir / "maze_solved.png").is_file():
+        made.append(("one large maze: input, prediction, target", "maze_solved.png"))
+    return made

@@ -1,0 +1,129 @@
+"""A dense (maze) study end to end (tasks/dense_study.py): two tiny cells train and are swept over sizes x
+iterations; results.csv holds the columns its claims read, the report its tables and plots, and a claim
+of each kind the mazes study registers loads and decides."""
+import csv
+import json
+
+import pytest
+import torch
+
+from recurvit.study import load_study, run_study, write_report
+from recurvit.study.claims import decide_all
+from recurvit.tasks.dense_eval import best_iteration, columns_of, size_columns, slope
+
+MAZES = """
+data: {name: mazes, maze_size: 5, maze_test_sizes: [5, 9], maze_train: 64, maze_val: 16, maze_test: 8}
+train: {epochs: 1, batch_size: 32, lr: 3.0e-3, warmup_epochs: 0, progress: false, device: cpu}
+"""
+DT = "model: {name: dt_net_recall, width: 4, steps: 2}\n" + MAZES
+VIT = ("model: {name: bvit_tiny, core: recurrent, embed_dim: 16, num_heads: 2, patch_size: 2, class_token: false,\n"
+       "        global_pool: avg, dense: true, dynamic_img_size: true, steps: 2, reinject: true}\n" + MAZES)
+STUDY = """
+name: tiny_mazes
+task: dense
+base: dt.yaml
+grid:
+  block:
+    vit: {base: vit.yaml}
+    dt: {}
+  train.seed: [0]
+eval:
+  mazes: {max_steps_factor: 10, mazes: 8, batch_size: 8, patience: 2}
+results: out_results
+claims:
+  recall_beats:
+    source: Bansal et al. 2022
+    words: the ViT solves more of the largest mazes at 10T than the anchor
+    rule: superiority
+    figure: solved_9_10T
+    a: {block: vit}
+    b: {block: dt}
+    side: 1
+  thinks_longer:
+    source: issue 40
+    words: at the largest size, solved rises with test-time iterations (per doubling)
+    rule: superiority
+    figure: solved_9_slope
+    a: {block: vit}
+    side: 1
+  thinks_longer_10T:
+    source: issue 40
+    words: at the largest size, solved at 10T exceeds solved at T
+    rule: superiority
+    figure: solved_9_10T - solved_9
+    a: {block: vit}
+    side: 1
+  no_overthinking:
+    source: Bansal et al. 2022
+    words: solved at 10T within 1 point of the iteration chosen on validation
+    rule: noninferiority
+    figure: drop_10T_9
+    a: {block: vit}
+    b: {block: dt}
+    margin: 0.01
+  rule_grows:
+    source: issue 40
+    words: the stopping rule uses more iterations on larger mazes
+    rule: superiority
+    figure: rule_stable_iters_slope
+    a: {block: dt}
+    side: 1
+  target_4x:
+    source: issue 40
+    words: at least 90% of the largest mazes solved at 10T in every seed
+    rule: target
+    a: {block: vit}
+    targets: {solved_9_10T: {min: 0.9}, drop_10T_9: {min: -0.01}}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_the_columns_read_a_sweep_and_choose_on_validation():
+    T, K = 2, 20
+    up = [min(1.0, k / 10) for k in range(1, K + 1)]  # rises to 1 at iteration 10
+    rule = {"solved": 0.5, "steps_mean": 7.0}
+    sweep = lambda solved: {"solved": solved, "accuracy": solved, "max_conf": rule, "stable": rule}  # noqa: E731
+    val = sweep([0.0] * 3 + [0.9] * (K - 3))  # validation is best first at iteration 4
+    row = columns_of({5: sweep(up), 9: sweep(up[:])}, val, T)
+    assert row["val_best_iter"] == 4 and row["best_iter_9"] == 4 and row["val_solved"] == 0.0
+    assert row["solved_9"] == 0.2 and row["solved_9_2T"] == 0.4 and row["solved_9_10T"] == 1.0
+    assert row["best_solved_9"] == up[3] and row["drop_10T_9"] == pytest.approx(1.0 - 0.4)  # read on test
+    assert row["solved_9_slope"] > 0 and row["rule_stable_iters_slope"] == 0.0
+    assert best_iteration([0.1, 0.3, 0.3]) == 2 and slope([1, 1], [0, 1]) is None
+
+
+def test_a_dense_study_runs_reports_and_decides(tmp_path):
+    for name, text in (("dt.yaml", DT), ("vit.yaml", VIT), ("s.yaml", STUDY)):
+        (tmp_path / name).write_text(text)
+    study = load_study(tmp_path / "s.yaml")
+    rows = run_study(study, tmp_path / "study", progress=False, log=lambda *a: None)
+    assert [r.get("error") for r in rows] == [None, None]
+    report = write_report(rows, study, study.results).read_text()
+    with open(study.results / "results.csv") as f:
+        table = list(csv.DictReader(f))
+    cols = set(table[0])
+    assert set(size_columns([5, 9])) <= cols
+    assert {"params", "params_stored", "train_seconds", "eval_seconds", "val_solved", "val_best_iter",
+            "rule_conf_iters_slope", "rule_stable_iters_slope", "max_iters", "mazes_per_size"} <= cols
+    vit = next(r for r in table if r["block"] == "vit")
+    assert int(vit["max_iters"]) == 20 and vit["best_iter_5"] == vit["best_iter_9"] == vit["val_best_iter"]
+    assert 0 <= float(vit["solved_9_10T"]) <= 1 and vit["mazes_per_size"] == "8"
+    res = json.loads((tmp_path / "study" / "runs" / "vit__seed=0" / "result.json").read_text())
+    assert len(res["maze_sweeps"]["9"]["solved"]) == 20 and res["maze_sweeps"]["9"]["n"] == 8
+    assert res["maze_sweeps"]["9"]["stable"]["min_steps"] == 2  # default: the trained depth
+    ex = res["maze_example"]
+    assert ex["size"] == 9 and len(ex["pred"]) == len(ex["image"]) == 24 and len(ex["image"][0]) == 6 * 24
+    assert "Mazes solved (%) per test size" in report and "9: @10T" in report
+    for png in ("solved_vs_iterations.png", "maze_solved.png"):
+        assert (study.results / png).stat().st_size > 1000 and png in report
+    decided = decide_all(study.claims, table)
+    assert set(decided) == {c.id for c in study.claims}
+    assert all(d.verdict for d in decided.values())
+    assert "per seed" in decided["target_4x"].note
