@@ -2,17 +2,18 @@
 
     python scripts/probe.py                  # -> results/probe/report.md and probe.json (about 10 minutes)
     python scripts/probe.py --kills 2        # fewer kill -9 trials per kind
+    python scripts/probe.py --only bad --only payloads --out /tmp/probe   # parts of it, elsewhere
 
 Three figures, each from the command line in subprocesses (one CPU thread each):
 - kills: ``kill -9`` at a random moment of a training (train, finetune, vae train, a study's main
-  process, one study worker, the ``train --nproc 2`` launcher), then the documented way on
+  process, one study worker, the ``train --nproc 2`` launcher) or of ``export --format hf``, then the documented way on
   (``--resume`` or the same study command); survived = the per-epoch metrics (timings aside)
   equal those of an uninterrupted run of the same command;
 - malicious payloads: pickles whose unpickling runs code, in every checkpoint slot a command
   reads, and YAML tags that construct Python objects, in every YAML a command reads; executed =
   the payload's marker file exists afterwards;
-- bad inputs: mistakes a user makes on the command line; clear = exit status 2 with one line on
-  stderr.
+- bad inputs: mistakes a user makes on the command line (issue 39's among them); clear = exit status 2
+  with one line on stderr.
 """
 from __future__ import annotations
 
@@ -245,7 +246,7 @@ def bad_input_trials(tmp: Path, trained: Path) -> list:
         ["vae"], ["study", tmp / "nosuch.yaml"], ["study", tmp / "study-bad.yaml"], ["study", tmp / "study-escape.yaml"],
         ["study", tmp / "study-typo.yaml"], ["flops", "nosuch"], ["flops", "bvit_tiny", "depth=3"], ["match", "nosuch"],
         ["nosuch-command"], ["train", "--nproc", "0"], ["train", "train.batch_size=127", "--nproc", "2"],
-    ]
+    ] + issue39_cases(tmp, trained)
     out = []
     for args in cases:
         r = cli(*args, timeout=300)
@@ -254,6 +255,74 @@ def bad_input_trials(tmp: Path, trained: Path) -> list:
                     "stderr_lines": len(lines), "clear": r.returncode == 2 and len(lines) == 1,
                     "message": (lines[-1] if lines else "")[:200].replace(str(tmp), "TMP")})
     return out
+
+
+def issue39_cases(tmp: Path, trained: Path) -> list:
+    """Issue 39's bad inputs (items 1, 5-12) and a few more of the same kinds: each must be one line, exit 2."""
+    import torch
+    from PIL import Image
+
+    nan = tmp / "nan-run"
+    shutil.copytree(trained, nan)
+    for name in ("last.pt", "best.pt"):
+        if (nan / name).is_file():
+            ck = torch.load(nan / name, weights_only=True)
+            key = next(iter(ck["model"]))
+            ck["model"][key] = torch.full_like(ck["model"][key], float("nan"))
+            torch.save(ck, nan / name)
+    img = tmp / "img.png"
+    Image.new("L", (8, 8), 3).save(img)
+    base = ROOT / "configs/digits/bvit.yaml"
+    studies = {"escape": "name: ../../../../elsewhere/x\ngrid: {train.seed: [0]}\n", "listname": "name: [1, 2]\n"
+               "grid: {train.seed: [0]}\n", "empty": "name: e\ngrid: {}\n",
+               "twice": "name: t\ngrid:\n  regime:\n    a: {train.epochs: 1}\n    a: {train.epochs: 2}\n"}
+    for name, text in studies.items():
+        (tmp / f"study-{name}.yaml").write_text(f"base: {base}\n{text}")
+    (tmp / "text.pt").write_text("hello\n")
+    (tmp / "dir-as-csv").mkdir()
+    (tmp / "ro-run").mkdir()
+    exported = tmp / "exported-bad"
+    cli("export", trained, "--format", "hf", exported)
+    (exported / "config.json").write_text("{not json")
+    t = [*TINY, "train.epochs=1", "--out", tmp / "never"]
+    return [
+        ["predict", trained, img, "--csv", trained / "last.pt"], ["predict", nan, img],
+        ["export", nan, "--format", "hf", tmp / "nan-export"], ["study", tmp / "study-escape.yaml"],
+        ["study", tmp / "study-listname.yaml"], ["study", tmp / "study-empty.yaml"], ["study", tmp / "study-twice.yaml"],
+        ["predict", trained, img, "--steps", "1000000000"], ["flops", "bvit_tiny", "steps=1000000000000"],
+        ["finetune", trained, "--data", "digits", "--rank", "100000"], ["flops", "bvit_tiny", "--batch-size", "1000000000"],
+        ["predict", trained, img, "--csv", "/sys/p.csv"], ["predict", trained, img, "--csv", tmp / "dir-as-csv"],
+        ["export", trained, "--format", "hf", "/sys/x"], ["export", trained, "--format", "safetensors", "/sys/x.st"],
+        ["horizon", trained, "--max-steps", "2", "--out", "/sys/h"], ["horizon", trained, "--max-steps", "2", "--out", img],
+        ["train", "model.mlp_ratio=-1", *t], ["train", "model.mlp_ratio=inf", *t], ["train", "model.mlp_ratio=0", *t],
+        ["train", "model.num_classes=5", *t], ["train", "model.in_chans=3", *t], ["train", "model.img_size=16", *t],
+        ["train", "data.holdout=0.9999", *t], ["train", "train.seed=99999999999999999999", *t],
+        ["eval", trained, "steps=!!python/object/apply:os.system"], ["match", "loopvae_conv", "--by", "params"],
+        ["eval", exported], ["eval", tmp / "text.pt"], ["train", "data.name=synthetic", "data.synthetic_classes=1", *t],
+        ["train", "train.depth.sigma=-1", *t], ["train", "train.depth.truncate=-1", *t], ["train", "train.log_every=-1", *t],
+        ["train", "model.stage_heads=-2", *t], ["train", "train.supervision.stages=100", *t],
+        ["finetune", trained, "--data", "digits", "--alpha", "-1"], ["finetune", trained, "--data", "digits", "--alpha", "0"],
+    ]
+
+
+def export_kill_trials(tmp: Path, trained: Path, n: int, rng: random.Random) -> list:
+    """``kill -9`` of ``export --format hf`` at a random moment, then the same export: survived = it ends with
+    exit 0 and a folder that loads (a kill never leaves half a folder that the export then refuses)."""
+    trials = []
+    for i in range(n):
+        out = tmp / f"export-{i}"
+        p = start("export", trained, "--format", "hf", out)
+        time.sleep(rng.uniform(1.0, 6.0))  # the import of torch, the load, the writes: somewhere in there
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+        r = cli("export", trained, "--format", "hf", out)
+        ok = r.returncode == 0 and sorted(x.name for x in out.iterdir()) == ["config.json", "model.safetensors"]
+        trials.append({"kind": "export --format hf", "killed_after_epochs": "-", "survived": ok,
+                       "note": "" if ok else (r.stderr.strip().splitlines() or ["incomplete folder"])[-1][:200]})
+    return trials
 
 
 def report(kills, payloads, bad, out: Path) -> None:
@@ -284,7 +353,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "probe")
     ap.add_argument("--kills", type=int, default=4, help="kill -9 trials per single-process kind (default 4)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", choices=("bad", "payloads", "kills"), action="append",
+                    help="run only these parts (repeatable; default: all three)")
     args = ap.parse_args()
+    parts = set(args.only or ("bad", "payloads", "kills"))
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="recurvit-probe-") as d:
         tmp = Path(d)
@@ -299,9 +371,11 @@ def main() -> int:
                 raise SystemExit(r.stderr)
         for part in ("bad", "payload", "kills"):
             (tmp / part).mkdir()
-        bad = bad_input_trials(tmp / "bad", trained)
-        payloads = payload_trials(tmp / "payload", runs)
-        kills = kill_trials(tmp / "kills", args.kills, rng)
+        bad = bad_input_trials(tmp / "bad", trained) if "bad" in parts else []
+        payloads = payload_trials(tmp / "payload", runs) if "payloads" in parts else []
+        kills = kill_trials(tmp / "kills", args.kills, rng) if "kills" in parts else []
+        if "kills" in parts:
+            kills += export_kill_trials(tmp / "kills", trained, args.kills, rng)
         hide = lambda rows: json.loads(json.dumps(rows).replace(str(tmp), "TMP"))  # noqa: E731
         report(hide(kills), hide(payloads), hide(bad), args.out)
     return 0
