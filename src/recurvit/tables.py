@@ -14,7 +14,7 @@ def fmt(v: Any) -> Any:
 
 def write_csv(rows: Iterable[Dict[str, Any]], path: str | Path, columns: Sequence[str]) -> Path:
     """``rows`` (dicts) as a CSV with ``columns``, in that order; keys outside them are left out. Written
-    atomically, and only over a file with the same header line (one this writer wrote)."""
+    atomically, and only over a file whose header starts as this one (one this writer wrote)."""
     from .train.outputs import write_text
 
     path, f = Path(path), io.StringIO(newline="")
@@ -22,7 +22,8 @@ def write_csv(rows: Iterable[Dict[str, Any]], path: str | Path, columns: Sequenc
     w.writeheader()
     for r in rows:
         w.writerow({k: fmt(r.get(k)) for k in columns})
-    return write_text(path, f.getvalue(), ",".join(columns).encode(), "table")  # never over a file it did not write
+    mark = ",".join(list(columns)[:2]).encode()  # its first two columns: a table of an older version (a column
+    return write_text(path, f.getvalue(), mark, "table")  # added since) is ours too; a foreign file is not
 
 
 __all__: List[str] = ["write_csv", "fmt"]
