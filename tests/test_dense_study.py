@@ -123,7 +123,24 @@ def test_a_dense_study_runs_reports_and_decides(tmp_path):
     assert "Mazes solved (%) per test size" in report and "9: @10T" in report
     for png in ("solved_vs_iterations.png", "maze_solved.png"):
         assert (study.results / png).stat().st_size > 1000 and png in report
+    (tmp_path / "predict").mkdir()
+    _predict_writes_the_path_beside_the_maze(tmp_path / "study" / "runs" / "vit__seed=0", tmp_path / "predict")
     decided = decide_all(study.claims, table)
     assert set(decided) == {c.id for c in study.claims}
     assert all(d.verdict for d in decided.values())
     assert "per seed" in decided["target_4x"].note
+
+
+def _predict_writes_the_path_beside_the_maze(run, tmp_path):
+    from PIL import Image
+
+    from recurvit.cli import main
+    from recurvit.data.mazes import make_mazes
+
+    x, _ = make_mazes(1, 9, 0, "test")  # a larger maze than the run trained on
+    Image.fromarray(x[0].transpose(1, 2, 0)).save(tmp_path / "maze.png")
+    assert main(["predict", str(run), str(tmp_path / "maze.png"), "--steps", "4"]) == 0
+    with Image.open(tmp_path / "maze.path.png") as im:
+        assert im.size == (24, 24)
+    assert main(["predict", str(run), str(tmp_path)]) == 0  # its own output, read again, is left out
+    assert not (tmp_path / "maze.path.path.png").exists()

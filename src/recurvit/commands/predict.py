@@ -15,7 +15,9 @@ def add_parser(sub):
                                    "and mean / std, kept in the checkpoint). A folder is read recursively. An "
                                    "unreadable file is one line on stderr and skipped (with a count at the end). "
                                    "Examples: recurvit predict runs/digits-bvit_tiny-... my_digits/ --topk 3; "
-                                   "recurvit predict RUN cat.png --json")
+                                   "recurvit predict RUN cat.png --json. A dense (maze) run writes each image's "
+                                   "predicted path beside it, as NAME.path.png: recurvit predict MAZE_RUN maze.png "
+                                   "--steps 120")
     p.add_argument("run", type=Path, help="run directory or checkpoint file")
     p.add_argument("images", nargs="+", type=Path, help="image files or folders of images")
     p.add_argument("--topk", type=int, default=5, help="classes to print per image")
@@ -60,6 +62,8 @@ def run(args) -> int:
         check_cost_of(model, len(pairs), args.batch_size, args.steps, args)
     preds = predict(model, [im for _, im in pairs], topk=args.topk, steps=args.steps, batch_size=args.batch_size,
                     names=[n for n, _ in pairs])
+    if any(p.mask is not None for p in preds):
+        return _write_paths(preds, bad, args)
     if args.json:
         print_json({"run": str(args.run), "predictions": [p.as_dict() for p in preds], "skipped": len(bad)})
     elif args.csv:
@@ -75,4 +79,30 @@ def run(args) -> int:
             print(p.source + "  " + "  ".join(f"{name} {q:.4f}" for name, q in p.top))
     if bad:
         print(f"{len(bad)} of {len(bad) + len(pairs)} files skipped (unreadable)", file=sys.stderr)
+    return 0
+
+
+def _write_paths(preds, bad, args) -> int:
+    """A dense run's predictions: each image's predicted mask as NAME.path.png beside it (white: the path)."""
+    from matplotlib.image import imsave
+
+    from ..train import checkpoint as ckpt_io
+    from ..train.outputs import PNG, claim_file
+
+    out = []
+    for p in preds:
+        src = Path(p.source)
+        if src.name.endswith(".path.png"):  # written by an earlier predict (a folder read again): not a maze
+            continue
+        dest = claim_file(src.with_name(src.stem + ".path.png"), PNG, what="path image")
+        mask = p.mask.numpy()
+        ckpt_io.atomic_write(dest, lambda f, m=mask: imsave(f, m, cmap="gray", vmin=0, vmax=1, format="png"))
+        out.append({**p.as_dict(), "path_image": str(dest)})
+    if args.json:
+        print_json({"run": str(args.run), "predictions": out, "skipped": len(bad)})
+    else:
+        for d in out:
+            print(f"{d['image']}  ->  {d['path_image']}  ({d['path_pixels']} path pixels)")
+    if bad:
+        print(f"{len(bad)} of {len(bad) + len(preds)} files skipped (unreadable)", file=sys.stderr)
     return 0

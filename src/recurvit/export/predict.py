@@ -20,8 +20,11 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 class Prediction:
     source: str                       # the file (or "image <i>" for an in-memory image)
     top: List[Tuple[str, float]]      # (class name, probability), most probable first
+    mask: Optional[torch.Tensor] = None  # a dense run's (mazes): the predicted class of every pixel, (H, W) uint8
 
     def as_dict(self) -> Dict[str, Any]:
+        if self.mask is not None:
+            return {"image": self.source, "path_pixels": int((self.mask > 0).sum())}
         return {"image": self.source, "top": [{"label": n, "prob": p} for n, p in self.top]}
 
 
@@ -69,6 +72,10 @@ def _transform(cfg: Dict[str, Any]):
         folder = T.folder_test_transform(size, mean, std)
         return lambda im: folder(im.convert("RGB"))
 
+    from ..data.datasets import dense_target
+
+    dense = dense_target(data.get("name", ""))  # a maze is read at its own size: the model runs larger ones
+
     def tensor(im):
         import numpy as np
 
@@ -78,7 +85,8 @@ def _transform(cfg: Dict[str, Any]):
         if x.shape[-1] != x.shape[-2]:
             raise UserError(f"a {x.shape[-1]}x{x.shape[-2]} image for a model trained on square "
                             f"{size}x{size} images; crop it square first")
-        return T.tensor_test_transform(size, int(x.shape[-1]), mean, std)(x)
+        native = int(x.shape[-1])
+        return T.tensor_test_transform(native if dense else size, native, mean, std)(x)
 
     return tensor
 
@@ -87,7 +95,9 @@ def _transform(cfg: Dict[str, Any]):
 def predict(model: torch.nn.Module, images: Sequence[Any], topk: int = 5, steps: Optional[int] = None,
             batch_size: int = 64, names: Optional[Sequence[str]] = None) -> List[Prediction]:
     """Class names and probabilities for PIL images (or paths to image files), with the run's own
-    preprocessing (``model.pretrained_cfg``, set by ``recurvit.load_model``); ``steps``: run K steps."""
+    preprocessing (``model.pretrained_cfg``, set by ``recurvit.load_model``); ``steps``: run K steps.
+    A dense run's model (logits (B, C, H, W): mazes) gives each image's predicted mask instead
+    (``Prediction.mask``), one image a pass (mazes of several sizes)."""
     if topk < 1:
         raise UserError(f"--topk must be >= 1, got {topk}")
     if batch_size < 1:
@@ -104,6 +114,9 @@ def predict(model: torch.nn.Module, images: Sequence[Any], topk: int = 5, steps:
     device = next(model.parameters()).device
     model.eval()
     out: List[Prediction] = []
+    if _dense_data(cfg):
+        return [Prediction(name, [], model(tf(im)[None].to(device), steps=steps)[0].argmax(0).to(torch.uint8).cpu())
+                for name, im in zip(names, images)]
     for i in range(0, len(images), batch_size):
         x = torch.stack([tf(im) for im in images[i:i + batch_size]]).to(device)
         probs = model(x, steps=steps).float().softmax(-1)
@@ -111,3 +124,9 @@ def predict(model: torch.nn.Module, images: Sequence[Any], topk: int = 5, steps:
         for name, pr, ix in zip(names[i:i + batch_size], p.tolist(), idx.tolist()):
             out.append(Prediction(name, [(labels[j] if j < len(labels) else str(j), q) for j, q in zip(ix, pr)]))
     return out
+
+
+def _dense_data(cfg: Dict[str, Any]) -> bool:
+    from ..data.datasets import dense_target
+
+    return bool(dense_target((cfg.get("recurvit_data") or {}).get("name", "")))
