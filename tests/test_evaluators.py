@@ -141,14 +141,15 @@ def test_loop_interventions_evaluator_on_a_tiny_loopvae(tmp_path):
     claims read, consistent with the rows (one loop fewer = the truncate row; skipping = factor 0)."""
     from test_loopvae import TINY_RUN
 
-    overrides = "\n".join(f"  {k}: {v}" for k, v in (o.split("=", 1) for o in TINY_RUN))
+    pairs = dict(o.split("=", 1) for o in TINY_RUN)
+    pairs["train.threads"] = 1  # a study file gives each key once (a key given twice is refused)
+    overrides = "\n".join(f"  {k}: {v}" for k, v in pairs.items())
     (tmp_path / "s.yaml").write_text(f"""
 name: loops
 task: vae
 base: {str(__import__('recurvit').__file__).rsplit('/', 1)[0]}/configs/vae/photos.yaml
 overrides:
 {overrides}
-  train.threads: 1
 grid:
   train.seed: [0]
 eval:
