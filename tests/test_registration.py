@@ -89,6 +89,17 @@ def test_a_registration_edited_after_it_was_committed_is_exploratory(tmp_path):
     assert line.evidence.status == "exploratory" and "changed after" in line.evidence.why
 
 
+def test_a_registration_whose_config_changed_after_it_is_exploratory(tmp_path):
+    root = registered(tmp_path)
+    commit(root, "register")
+    (root / "configs" / "base.yaml").write_text("model: {name: bvit_tiny, embed_dim: 24}\n")  # changed through it
+    commit(root, "the base config changed")
+    write_csv(root / "results" / "tiny", RESULTS)
+    commit(root, "results")
+    (line,) = collect(root)
+    assert line.evidence.status == "exploratory" and "configs/base.yaml changed" in line.evidence.why
+
+
 def test_a_trend_over_budgets_reads_each_budgets_results_folder(tmp_path):
     trend = c("trend", budgets={3: "../results/short", 10: "../results/mid", 30: "../results/tiny"}, x_name="epochs",
               log2=True, side=-1, paired=True, a={"regime": "vit"}, b={"regime": "naive"})

@@ -6,7 +6,9 @@ figures are read from, its ``budget``; see :mod:`recurvit.study.spec`) is a regi
 
 1. the registration precedes every result it reads: the commit that added the study file is a strict
    ancestor of the first commit of its results.csv (or no result is committed yet);
-2. nothing in it changed afterwards: the file has that one commit and the working copy is unchanged;
+2. nothing in it changed afterwards: the file has that one commit and the working copy is unchanged, and
+   neither did the config files it trains from (its base and its variants' bases: a registration that
+   points at a config could otherwise be changed through it);
 3. its cells hold exactly the registered runs: every cell has the registered seeds, no other seed and no
    second run of one (a top-up beyond n, whatever a report asked, makes the study exploratory).
 
@@ -46,6 +48,21 @@ def _is_strict_ancestor(root: Path, old: str, new: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+def _configs_changed(root: Path, study: Any, registered: str) -> str:
+    """The first config file the study trains from that changed after the registration commit ('' if none)."""
+    paths = {Path(study.base)} | {Path(r.base) for r in study.runs if r.base is not None}
+    for path in sorted(paths):
+        try:
+            rel = str(path.resolve().relative_to(root.resolve()))
+        except ValueError:  # a config outside the repository: git cannot vouch for it
+            return str(path)
+        later = subprocess.run(["git", "-C", str(root), "log", "--format=%H", f"{registered}..HEAD", "--", rel],
+                               capture_output=True, text=True).stdout.split()
+        if later or show(root, registered, rel) != path.read_text():
+            return rel
+    return ""
+
+
 def _cells(study: Any, rows: Sequence[Row]) -> Dict[tuple, List[str]]:
     """Each grid cell (its labels on every axis but the seed) -> the seeds of the rows in it."""
     axes = study.cell_axes()
@@ -69,6 +86,10 @@ def evidence(root: Path, study: Any, results: Path, rows: Sequence[Row]) -> Evid
     registered = commits[0]
     if len(commits) > 1 or show(root, registered, rel) != Path(study.path).read_text():
         return Evidence(EXPLORATORY, f"the registration changed after {registered[:7]}", registered)
+    changed = _configs_changed(root, study, registered)
+    if changed:
+        return Evidence(EXPLORATORY, f"its config {changed} changed after the registration {registered[:7]}",
+                        registered)
     res_rel = str(results.resolve().relative_to(root.resolve()))
     first = first_commit(root, res_rel)
     if first is not None and not _is_strict_ancestor(root, registered, first):
