@@ -276,3 +276,33 @@ def test_holdout_keeps_calibration_images_out_of_training():
     assert set(kept).isdisjoint(held) and train.indices == kept  # training never sees a held-out image
     calib = holdout_split(full, test, 0.1)
     assert calib.indices == held and calib.dataset.transform is test.transform  # no augmentation
+
+
+@pytest.mark.slow
+def test_a_certified_exit_is_chosen_on_the_calibration_split_alone(tiny_runs, monkeypatch):
+    """calibrated_exit(certify=(epsilon, delta)): Learn-then-Test picks the threshold from the held-out
+    images before the test split is read once, and the result says what was certified."""
+    from recurvit.analysis import exit as exit_mod
+    from recurvit.train.checkpoint import load_model_and_config
+
+    seen = {}
+    real_build, real_certify = recurvit.data.build_datasets, exit_mod.certify_exit
+
+    def build(cfg, log=None, **kw):
+        train, test, info = real_build(cfg, log, **kw)
+        seen["test"] = _Sentinel(test)
+        return train, seen["test"], info
+
+    def certify(*a, **kw):
+        seen["reads_at_certify"] = seen["test"].reads
+        return real_certify(*a, **kw)
+
+    monkeypatch.setattr(recurvit.data, "build_datasets", build)
+    monkeypatch.setattr(exit_mod, "certify_exit", certify)
+    model, cfg = load_model_and_config(tiny_runs / "ds3__seed=0" / "last.pt")
+    res = exit_mod.calibrated_exit(model, cfg, torch.device("cpu"), "max_prob", certify=(0.2, 0.1), time_batches=1)
+    assert seen["reads_at_certify"] == 0 and seen["test"].reads > 0
+    cert = res["certify"]
+    assert cert["epsilon"] == 0.2 and cert["delta"] == 0.1 and cert["n"] == res["calibration"]["n"]
+    assert res["threshold"] == cert["threshold"] and res["met"] == cert["certified"]
+    assert cert["risk"] <= 0.2 and 1 <= res["test"]["mean_steps"] <= res["max_steps"]

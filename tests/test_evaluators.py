@@ -277,3 +277,21 @@ def test_the_per_step_evaluators_record_their_figures_from_the_analyses(tmp_path
     batches = classify_eval.first_images(run, 64)
     assert a["continue_drop_T"] == continuation(run.model, batches, device=run.device)["drop"]
     assert p == step_specificity(run.model, classify_eval.first_images(run, 256), mlp_slices=4, device=run.device)
+
+
+def test_the_exit_evaluators_certify_option_is_checked_and_absent_from_old_records():
+    """eval.exit.certify: {epsilon: points, delta} is checked when the study file is read; a study that does
+    not ask for it records the options it always did, so its finished runs are not evaluated again."""
+    from recurvit.study.evaluators import missing, parse_eval
+    from recurvit.tasks.classify_eval import EVALUATORS
+
+    axes = {"regime": ["a"]}
+    plain = parse_eval({"exit": {"criteria": ["kl"]}}, EVALUATORS, "s", axes)
+    assert "certify" not in plain["exit"]
+    old = {"eval": {**plain}}
+    assert missing(plain, old) == {}
+    cert = parse_eval({"exit": {"certify": {"epsilon": 0.5, "delta": 0.1}}}, EVALUATORS, "s", axes)
+    assert cert["exit"]["certify"] == {"epsilon": 0.5, "delta": 0.1} and missing(cert, old)
+    for bad in ({"epsilon": 0.5}, {"epsilon": 0, "delta": 0.1}, {"epsilon": 0.5, "delta": 1.5}, "yes"):
+        with pytest.raises(UserError, match="certify takes"):
+            parse_eval({"exit": {"certify": bad}}, EVALUATORS, "s", axes)

@@ -7,24 +7,29 @@ for a threshold sweep, the calibrated point and its measured speed against fixed
     res = calibrated_exit(model, cfg, device, criterion="kl", target_drop=0.5)
     res["test"]["accuracy"], res["test"]["mean_steps"], res["threshold"]
 
+With ``certify=(epsilon, delta)`` the threshold is instead the most aggressive one whose disagreement
+with the full-depth answer is certified at ``epsilon`` (a fraction) with confidence ``1 - delta``
+(Learn-then-Test, :mod:`recurvit.analysis.certify`); the calibration split alone certifies it.
+
 The test split is read only after the threshold is chosen.
 """
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
 from . import anytime as A
+from .certify import certify as certify_exit
 from .timing import interleaved_batches
 
 
 def calibrated_exit(model: nn.Module, cfg, device: torch.device, criterion: str = "kl",
                     max_steps: Optional[int] = None, min_steps: int = 1, target_drop: Optional[float] = None,
                     step_budget: Optional[float] = None, batch_size: int = 256, time_batches: int = 4,
-                    force: bool = False) -> Dict[str, Any]:
+                    force: bool = False, certify: Optional[Tuple[float, float]] = None) -> Dict[str, Any]:
     """Calibrate, sweep and measure one criterion (see the module docstring). Returns the calibration
     figures, the ``threshold``, ``test`` (the calibrated point on the test split, timed), ``sweep``
     (test rows of the threshold sweep, each timed on ``time_batches`` batches), ``fixed_accuracy``
@@ -32,13 +37,13 @@ def calibrated_exit(model: nn.Module, cfg, device: torch.device, criterion: str 
     ``calibration_images``, ``note``). ValueError for a plan the model cannot run (a stack without
     per-block readouts)."""
     return calibrated_exits(model, cfg, device, [criterion], max_steps, min_steps, target_drop, step_budget,
-                            batch_size, time_batches, force)[criterion]
+                            batch_size, time_batches, force, certify)[criterion]
 
 
 def calibrated_exits(model: nn.Module, cfg, device: torch.device, criteria: Sequence[str],
                      max_steps: Optional[int] = None, min_steps: int = 1, target_drop: Optional[float] = None,
                      step_budget: Optional[float] = None, batch_size: int = 256, time_batches: int = 4,
-                     force: bool = False) -> Dict[str, Dict[str, Any]]:
+                     force: bool = False, certify: Optional[Tuple[float, float]] = None) -> Dict[str, Dict[str, Any]]:
     """:func:`calibrated_exit` for each of ``criteria`` ({criterion: its result}): the calibration and
     test splits are each run through every step once, for all of them (a trajectory holds every
     criterion's signals); each criterion then chooses, sweeps and is timed on its own."""
@@ -67,8 +72,11 @@ def calibrated_exits(model: nn.Module, cfg, device: torch.device, criteria: Sequ
     check_eval_cost(model, next(iter(calib_loader))[0].to(device), max(K, T),  # (a calibration batch)
                     len(calib_loader) + len(test_loader) + 2 * len(criteria) * len(test_loader), force=force)
     calib_traj = A.trajectories(model, calib_loader, device, max(K, T), amp)
-    cals = {c: A.calibrate(model, calib_loader, device, c, K, m, target_drop, step_budget, amp, readouts,
-                           trajectory=calib_traj) for c in criteria}
+    if certify is not None:
+        cals = {c: _certified(calib_traj, c, certify, T, K, m) for c in criteria}
+    else:
+        cals = {c: A.calibrate(model, calib_loader, device, c, K, m, target_drop, step_budget, amp, readouts,
+                               trajectory=calib_traj) for c in criteria}
     test_traj = A.trajectories(model, test_loader, device, max(K, T), amp)  # the test split, from here on
     batches = []
     for x, _ in test_loader:
@@ -94,3 +102,13 @@ def calibrated_exits(model: nn.Module, cfg, device: torch.device, criteria: Sequ
             **{k: v for k, v in cal.items() if k != "trajectory"}, "test": test, "sweep": sweep,
             "fixed_accuracy": A.fixed_accuracy(test_traj)[:K], "note": note}
     return out
+
+
+def _certified(traj: dict, criterion: str, certify: Tuple[float, float], T: int, K: int, m: int) -> Dict[str, Any]:
+    """The certified threshold of one criterion, in the form :func:`recurvit.analysis.anytime.calibrate`
+    returns a calibrated one (``met``: whether an exit was certified)."""
+    epsilon, delta = certify
+    cert = certify_exit(traj, criterion, epsilon, delta, K, m)
+    point = A.point(traj, criterion, cert["threshold"], K, m)
+    return {"criterion": criterion, "threshold": cert["threshold"], "met": cert["certified"], "certify": cert,
+            "calibration": {"n": cert["n"], "acc_T": A.fixed_accuracy(traj)[T - 1], **point}}

@@ -159,11 +159,13 @@ class Exit(Evaluator):
     the run then exits with the criterion that needs the fewest mean steps there (calibration alone
     chooses), whose calibrated point is read once on the test split. Columns: that point's test
     accuracy, fixed-T accuracy, drop (points), mean steps (and as % of T), measured speedup, and the
-    calibration's mean steps; ``exit`` holds every criterion's result and which was chosen."""
+    calibration's mean steps; ``exit`` holds every criterion's result and which was chosen. With
+    ``certify: {epsilon: 0.5, delta: 0.1}`` (epsilon in points) each threshold is the certified one of
+    :mod:`recurvit.analysis.certify` instead (Learn-then-Test on the same held-out images)."""
 
     name = "exit"
     defaults = {"criteria": ["kl"], "target_drop": 0.5, "step_budget": None, "max_steps": None, "min_steps": 1,
-                "batch_size": 256}
+                "batch_size": 256, "certify": None}
     columns = ("exit_accuracy", "exit_acc_T", "exit_drop_points", "exit_mean_steps", "exit_steps_pct_T",
                "exit_speedup", "exit_calibration_steps")
 
@@ -177,6 +179,13 @@ class Exit(Evaluator):
         bad = [c for c in crit if c not in CRITERIA]
         if not crit or bad:
             raise UserError(f"{where}: criteria must be a list of {', '.join(CRITERIA)}, got {options.get('criteria')!r}")
+        cert = opts.pop("certify")  # recorded only when given: earlier runs' records stay what they were
+        if cert is not None:
+            opts["certify"] = cert
+            ok = isinstance(cert, dict) and set(cert) == {"epsilon", "delta"} and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in cert.values())
+            if not ok or not 0 < cert["epsilon"] < 100 or not 0 < cert["delta"] < 1:
+                raise UserError(f"{where}: certify takes {{epsilon: POINTS in (0, 100), delta: in (0, 1)}}, got {cert!r}")
         return opts
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -185,8 +194,9 @@ class Exit(Evaluator):
         o = dict(options)
         if o["step_budget"] is not None:
             o["target_drop"] = None
+        cert = (o["certify"]["epsilon"] / 100, o["certify"]["delta"]) if o.get("certify") else None
         per = calibrated_exits(run.model, run.cfg, run.device, o["criteria"], o["max_steps"], o["min_steps"],
-                               o["target_drop"], o["step_budget"], o["batch_size"])
+                               o["target_drop"], o["step_budget"], o["batch_size"], certify=cert)
         chosen = min(per, key=lambda c: per[c]["calibration"]["mean_steps"])  # ties: the first listed
         t = per[chosen]["test"]
         return {"exit": {"chosen": chosen, "per_criterion": per}, "exit_accuracy": t["accuracy"],
