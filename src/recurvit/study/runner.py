@@ -173,7 +173,8 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
 def _line(r: Dict[str, Any]) -> str:
     if "error" in r:
         return f"{r['run_id']}: failed: {r['error']}"
-    figure = f"acc@T {r['acc_T']:.4f}" if "acc_T" in r else f"psnr {r.get('psnr', float('nan')):.2f} dB"
+    figure = (f"acc@T {r['acc_T']:.4f}" if "acc_T" in r else f"val solved {r['val_solved']:.4f}" if "val_solved" in r
+              else f"psnr {r.get('psnr', float('nan')):.2f} dB")
     return f"{r['run_id']}: {figure} ({r.get('wall_seconds', 0):.0f} s)"
 
 
