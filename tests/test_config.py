@@ -65,3 +65,38 @@ def test_the_run_configs_model_keys_are_the_model_configs_fields():
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs/digits/bvit.yaml", ["model.mlp_ratio=2.5"])
     keys = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k not in ("name", "options") and v is not None}
     assert create_model(cfg.model.name, **keys).cfg.mlp_ratio == 2.5
+
+
+def test_a_config_is_a_path_or_a_packaged_name_from_any_folder(tmp_path, monkeypatch, capsys):
+    """Issue 41, item 3: `digits/bvit`, `digits/bvit.yaml` and the README's `configs/digits/bvit.yaml` name the
+    packaged config from any folder; a file that exists is read as written; `recurvit configs` lists the names."""
+    import json
+
+    from recurvit.cli import main
+    from recurvit.config_names import config_names, packaged_root
+    from recurvit.study.spec import load_study
+
+    monkeypatch.chdir(tmp_path)  # not the repository root: no configs/ here
+    packaged = load_config(packaged_root() / "digits" / "bvit.yaml", ["train.epochs=2"])
+    for arg in ("digits/bvit", "digits/bvit.yaml", "configs/digits/bvit.yaml", "./configs/digits/bvit.yaml"):
+        assert load_config(arg, ["train.epochs=2"]) == packaged, arg
+    import recurvit
+    assert recurvit.load_config("digits/bvit") == load_config(packaged_root() / "digits" / "bvit.yaml")
+    assert load_vae_config("vae/digits").model.name == "loopvae_conv"
+    (tmp_path / "configs" / "digits").mkdir(parents=True)  # a user's own file of that path wins over the name
+    (tmp_path / "configs" / "digits" / "bvit.yaml").write_text("model:\n  steps: 3\n")
+    assert load_config("configs/digits/bvit.yaml").model.steps == 3
+    for bad in ("digits/nope", "../digits/bvit", "digits"):
+        with pytest.raises(UserError, match="recurvit configs"):
+            load_config(bad)
+    (tmp_path / "s.yaml").write_text("name: x\nbase: digits/crossroads/naive\ngrid: {model.steps: [2]}\n")
+    assert load_study(tmp_path / "s.yaml").base == packaged_root() / "digits" / "crossroads" / "naive.yaml"
+
+    assert main(["train", "digits/vit", "--print-config"]) == 0  # the CLI takes the name too
+    assert "name: vit_tiny" in capsys.readouterr().out
+    assert main(["configs", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["configs"]
+    assert [c["name"] for c in listed] == config_names() and len(listed) == len(list(packaged_root().rglob("*.yaml")))
+    row = next(c for c in listed if c["name"] == "digits/bvit")
+    assert row["command"] == "recurvit train" and "bViT" in row["summary"]
+    assert main(["configs"]) == 0 and "digits/crossroads/ode_rk4" in capsys.readouterr().out

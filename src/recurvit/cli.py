@@ -12,7 +12,7 @@ from typing import List, Optional
 
 from .errors import UserError
 
-COMMANDS = ["train", "eval", "horizon", "flops", "match", "study", "mixture", "vae", "analyze", "finetune", "exit", "predict", "export"]
+COMMANDS = ["train", "eval", "horizon", "flops", "match", "study", "mixture", "vae", "analyze", "finetune", "exit", "predict", "export", "configs"]
 
 
 class _Help(argparse.HelpFormatter):
@@ -33,7 +33,8 @@ class _Help(argparse.HelpFormatter):
 
 
 EXAMPLES = {  # shown at the end of each command's --help
-    "train": ["recurvit train", "recurvit train configs/fashion_mnist/crossroads/naive.yaml train.epochs=30 data.holdout=0.1",
+    "train": ["recurvit train", "recurvit train digits/vit train.epochs=5",
+              "recurvit train configs/fashion_mnist/crossroads/naive.yaml train.epochs=30 data.holdout=0.1",
               "recurvit train --resume runs/digits-bvit_tiny-20261201-120000 train.epochs=60"],
     "eval": ["recurvit eval RUN --steps 24", "recurvit eval ODE_RUN method=rk4 refine=2"],
     "horizon": ["recurvit horizon RUN --max-steps 96 --out horizon/"],
@@ -48,6 +49,7 @@ EXAMPLES = {  # shown at the end of each command's --help
                  "recurvit finetune --resume FT_RUN"],
     "exit": ["recurvit exit RUN --max-steps 24"],
     "predict": ["recurvit predict RUN my_images/ --topk 3 --csv predictions.csv"],
+    "configs": ["recurvit configs", "recurvit configs --json"],
     "export": ["recurvit export RUN --format hf exported/", "recurvit export RUN --format onnx model.onnx"],
 }
 

@@ -182,12 +182,13 @@ def _nest_override(item: str, schema: type) -> str:
 
 def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None,
                 schema: type = RunConfig) -> Any:
-    """Defaults of ``schema`` <- YAML file <- dotted `key=value` overrides; returns a typed ``schema``."""
+    """Defaults of ``schema`` <- YAML file <- dotted `key=value` overrides; returns a typed ``schema``.
+    ``path`` is a file or a packaged config's name (``digits/bvit``; recurvit.config_names)."""
+    from .config_names import find_config
+
     cfg = OmegaConf.structured(schema)
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(f"config file not found: {p}")
+        p = find_config(path)
         try:
             raw = OmegaConf.to_container(OmegaConf.load(p))
             cfg = OmegaConf.merge(cfg, nest_options(raw, schema))

@@ -273,11 +273,18 @@ def _expand_from(study: "Study", source) -> List[RunSpec]:
 
 
 def _find(path: str, study_file: Optional[Path]) -> Path:
-    """A config path relative to the study file's folder, else to the current directory."""
+    """A config path relative to the study file's folder, else to the current directory, else a packaged
+    config's name."""
     for cand in ((study_file.parent / path) if study_file else None, Path(path)):
         if cand is not None and cand.is_file():
             return cand
-    raise UserError(f"study base config not found: {path} (relative to the study file or the current directory)")
+    from ..config_names import packaged
+
+    found = packaged(str(path))  # a packaged config's name (digits/bvit), as on the command line
+    if found is not None:
+        return found
+    raise UserError(f"study base config not found: {path} (relative to the study file or the current directory, "
+                    "or a packaged config name: `recurvit configs` lists them)")
 
 
 def expand(study: Study) -> List[RunSpec]:
