@@ -332,3 +332,22 @@ def test_a_study_whose_runs_or_results_cannot_be_written_is_refused_before_it_ru
                      + where.format(f=tmp_path / "afile"))
     err = _fails(capsys, ["study", study])
     assert ("is a file" in err or "/sys" in err), err
+
+
+@pytest.mark.parametrize("table, needle", [
+    ('garbage,"unterminated\n', "no rows in"),
+    ("a,b\n1,2\n", "a row lacks run_id"),
+    ("run_id,train.seed,acc_T\ntrain.seed=0,0,0.5\n", "lacks what the report needs"),
+])
+def test_report_only_from_a_broken_results_table_is_one_line(tmp_path, capsys, monkeypatch, table, needle):
+    """--report-only on a machine without the run directories rebuilds the report from results.csv; a
+    damaged or foreign table is one line and exit 2, not a KeyError."""
+    (tmp_path / "s.yaml").write_text("name: rot\nbase: digits.yaml\ngrid:\n  train.seed: [0]\nresults: res\n")
+    (tmp_path / "digits.yaml").write_text("model: {name: bvit_tiny}\ndata: {name: digits}\n")
+    (tmp_path / "res").mkdir()
+    (tmp_path / "res" / "results.csv").write_text(table)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["study", str(tmp_path / "s.yaml"), "--report-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err

@@ -113,6 +113,7 @@ def _run(args, study, out, workers, opts) -> int:
     output_dir(study.results or out, "results folder")  # a file or a read-only place there: one line now, not
     if not args.report_only:  # after hours of runs
         output_dir(out / "runs", "runs folder")
+    from_table = False
     if args.report_only:
         rows = collect(out, study)
         saved = (study.results or out) / "results.csv"
@@ -124,8 +125,10 @@ def _run(args, study, out, workers, opts) -> int:
             from ..study.report import rows_from_csv
 
             rows = rows_from_csv(saved, study)  # (a table's rows are not results: nothing is archived from them)
+            from_table = True
         if not rows:
-            raise UserError(f"no finished runs in {out} and no {saved}; run the study first")
+            raise UserError(f"no finished runs in {out} and {'no rows in' if saved.is_file() else 'no'} {saved}; "
+                            "run the study first")
     elif args.launcher == "submitit":
         from ..study.launch import run_study_submitit
 
@@ -135,7 +138,13 @@ def _run(args, study, out, workers, opts) -> int:
     command = "recurvit study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["study"] else ""
     if args.report_only and command:  # the command that made the runs, not the one that re-read them
         command = f"recurvit study {shlex.quote(str(args.study))}    # this report: --report-only"
-    report = write_report(rows, study, study.results or out, command=command)
+    try:
+        report = write_report(rows, study, study.results or out, command=command)
+    except (KeyError, TypeError) as e:  # rows rebuilt from a hand-edited or foreign results.csv
+        if not from_table:
+            raise
+        raise UserError(f"{saved} lacks what the report needs ({type(e).__name__}: {e}); run the study again "
+                        "to rebuild it") from None
     failed = [r for r in rows if "error" in r]
     if args.json:
         print_json({"study": study.name, "runs": len(rows), "failed": len(failed), "report": str(report),

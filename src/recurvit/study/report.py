@@ -50,8 +50,20 @@ def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> N
 def rows_from_csv(path: Path, study: Study) -> List[Dict[str, Any]]:
     """Rows of a results.csv written earlier (when the run directories are gone): numbers parsed,
     what the CSV does not hold (per-step curves) left out."""
-    with open(path, newline="") as f:
-        return rows_from_text(f.read(), study)
+    from ..errors import UserError
+
+    try:
+        with open(path, newline="") as f:
+            rows = rows_from_text(f.read(), study)
+    except (csv.Error, UnicodeDecodeError, KeyError, ValueError, TypeError) as e:
+        raise UserError(f"{path} is not a results table recurvit study wrote ({type(e).__name__}: {e}); "
+                        "run the study again to rebuild it") from None
+    need = {"run_id", *dict(study.axes)}
+    broken = [r for r in rows if not need <= {k for k, v in r.items() if v is not None}]
+    if broken:
+        raise UserError(f"{path} is not a results table recurvit study wrote (a row lacks "
+                        f"{', '.join(sorted(need - set(broken[0])))  or 'its grid labels'}); run the study again to rebuild it")
+    return rows
 
 
 def rows_from_text(text: str, study: Study) -> List[Dict[str, Any]]:
