@@ -237,6 +237,7 @@ def test_exit_command_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, caps
         assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
     for argv, msg in ((["--max-steps", "0"], "--max-steps must be >= 1"), (["--min-steps", "0"], "--min-steps"),
                       (["--step-budget", "0"], "--step-budget must be > 0"),
+                      (["--step-budget", "7"], "allows every exit"),
                       (["--max-steps", "2", "--min-steps", "3"], "min_steps must be in")):
         assert main(["exit", run, *argv, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()

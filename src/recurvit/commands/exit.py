@@ -71,6 +71,10 @@ def run(args) -> int:
 
     _check(args)
     model, cfg, device, _, _ = open_trained(args)
+    most = (args.max_steps or model.nominal_steps) / model.nominal_steps  # the most steps an exit can take, x T
+    if args.step_budget is not None and args.step_budget >= most:  # every threshold meets it: nothing is asked
+        raise UserError(f"--step-budget {args.step_budget:g} x T allows every exit (at most {most:g} x T steps run); "
+                        "give a fraction below that, e.g. 0.6")
     try:
         res = calibrated_exit(model, cfg, device, args.criterion, args.max_steps, args.min_steps, args.target_drop,
                               args.step_budget, args.batch_size, args.time_batches, force=args.force)
