@@ -351,3 +351,11 @@ def test_report_only_from_a_broken_results_table_is_one_line(tmp_path, capsys, m
     assert main(["study", str(tmp_path / "s.yaml"), "--report-only"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_random_depth_deeper_than_a_stack_is_refused(tmp_path, capsys):
+    """A stack of L blocks cannot run deeper than L: a uniform depth schedule asked to reach beyond it was
+    capped in silence; it is one line (within L, random depth on a stack is layer-drop from the top)."""
+    vit = ["model.name=vit_tiny", "model.depth=2", "train.depth.schedule=uniform", "train.epochs=1"]
+    _fails(capsys, ["train", *TINY, *vit, "train.depth.max_steps=12", "--out", tmp_path / "r"],
+           "train.depth.max_steps=12 but this model runs at most 2 steps")

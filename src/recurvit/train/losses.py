@@ -70,6 +70,9 @@ class DepthSampler:
             raise ValueError(f"train.depth.schedule must be one of {', '.join(SCHEDULES)}, got '{cfg.schedule}'")
         self.cfg, self.nominal, self.gen = cfg, nominal, generator
         self.cap = cap  # the most steps the core can run (stack / softmor: its nominal depth)
+        if cfg.schedule != "fixed" and cap is not None and cfg.max_steps is not None and cfg.max_steps > cap:
+            raise ValueError(f"train.depth.max_steps={cfg.max_steps} but this model runs at most {cap} steps (a stack "
+                             f"of {cap} blocks cannot go deeper): give max_steps <= {cap}")
         self.hi = min(cfg.max_steps or 2 * nominal, cap or 10**9)
         if cfg.schedule == "uniform" and not 1 <= cfg.min_steps <= self.hi:
             raise ValueError(f"train.depth needs 1 <= min_steps <= max_steps, got {cfg.min_steps}..{self.hi}")
