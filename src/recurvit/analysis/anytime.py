@@ -189,9 +189,9 @@ def draw(ax, fixed: Sequence[float], curves: Dict[str, dict], T: int, title: str
     ax.axvline(T, color="grey", ls="--", lw=0.8, label=f"trained steps T = {T}")
     ax.set_xlabel("mean steps per image")
     ax.set_ylabel("test accuracy (%)")
-    from matplotlib.ticker import PercentFormatter
+    from ..plot_style import percent
 
-    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+    percent(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     if title:

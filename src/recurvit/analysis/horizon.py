@@ -88,13 +88,13 @@ def plot(curves: Dict[str, Dict[str, List[float]]], trained: int, path: Path, ti
     ax.set_xlabel("test-time steps")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 1.0)
-    from matplotlib.ticker import PercentFormatter
+    from ..plot_style import percent, wrap
 
-    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+    percent(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(wrap(title, 5.4, 9), fontsize=9)  # a long run name wraps instead of running off the edge
     fig.tight_layout()
     from ..train.outputs import save_figure
 

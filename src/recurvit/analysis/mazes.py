@@ -163,7 +163,8 @@ def plot_solved(sweeps: Mapping[int, Dict[str, object]], trained: int, path: Pat
     """Solved against test-time iterations (log axis), one line a maze size, the training depth marked.
     With ``ax`` (a matplotlib Axes) draws there and writes nothing (side-by-side figures)."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import PercentFormatter
+
+    from ..plot_style import percent
 
     fig = None
     if ax is None:
@@ -174,9 +175,9 @@ def plot_solved(sweeps: Mapping[int, Dict[str, object]], trained: int, path: Pat
     ax.axvline(trained, color="k", ls="--", lw=1, label=f"training depth T={trained}")
     ax.set_xscale("log")
     ax.set_xlabel("test-time iterations")
-    ax.set_ylabel("mazes solved")
+    ax.set_ylabel("mazes solved (%)")
     ax.set_ylim(0, 1.0)
-    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+    percent(ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     if title:

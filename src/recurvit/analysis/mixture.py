@@ -84,10 +84,12 @@ def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tenso
     big.set_title("mean mixture weight over the test set", fontsize=8)
     for ax in axes[B, 1:]:
         ax.set_visible(False)
-    fig.colorbar(im, ax=axes[:B, 1:].ravel().tolist(), shrink=0.6,
-                 label=f"mixture weight (white: uniform 1/{r} = {uniform:.2f}; red above, blue below)")
+    from ..plot_style import wrap
+
+    label = f"mixture weight (white: uniform 1/{r} = {uniform:.2f}; red above, blue below)"
+    fig.colorbar(im, ax=axes[:B, 1:].ravel().tolist(), shrink=0.6, label=wrap(label, 0.6 * 1.6 * B, 10))
     if title:
-        fig.suptitle(title, fontsize=9)
+        fig.suptitle(wrap(title, 1.6 * (r + 1) - 0.3, 9), fontsize=9)
     from ..train.outputs import save_figure
 
     save_figure(fig, path)

@@ -11,6 +11,8 @@ from typing import List, Sequence
 
 import torch
 from matplotlib.figure import Figure
+
+from ..plot_style import axes_width, percent, wrap
 from ..train.outputs import output_dir, save_figure
 
 
@@ -123,7 +125,7 @@ def plot_all(res: dict, out, title: str = "") -> List[str]:
 
     def save(fig, name):
         if title:
-            fig.suptitle(title, fontsize=9)
+            fig.suptitle(wrap(title, fig.get_figwidth() - 0.5, 9), fontsize=9)
         fig.tight_layout()
         save_figure(fig, out / name)
         written.append(str(out / name))
@@ -134,12 +136,14 @@ def plot_all(res: dict, out, title: str = "") -> List[str]:
         if "readout" in res:
             axes[0].plot(res["readout"]["step"], res["readout"]["accuracy"], marker="o")
             axes[0].set_ylim(0, 1)
-            axes[0].set_title("readout accuracy", fontsize=9)
+            axes[0].set_ylabel("test accuracy (%)")
+            percent(axes[0])
+            axes[0].set_title("accuracy read out after each step", fontsize=9)
         if "norms" in res:
             axes[1].plot(res["norms"]["step"], res["norms"]["state_norm"], marker="o")
-            axes[1].set_title("mean token norm ||z_k|| (0 = embedding)", fontsize=9)
+            axes[1].set_title("mean token norm ||z_k|| (0: embedding)", fontsize=9)
             axes[2].plot(res["norms"]["step"][1:], res["norms"]["rel_update"][1:], marker="o")
-            axes[2].set_title("relative update ||z_k - z_{k-1}|| / ||z_{k-1}||", fontsize=9)
+            axes[2].set_title("relative update ||z_k - z_{k-1}|| / ||z_{k-1}||", fontsize=8)
         for ax in axes:
             ax.set_xlabel(unit)
             ax.grid(alpha=0.3)
@@ -180,7 +184,7 @@ def plot_all(res: dict, out, title: str = "") -> List[str]:
                                 color="w" if res["cka"][key][i][j] < 0.6 else "k")
         fig.colorbar(im, ax=axes, shrink=0.8, label=f"linear CKA (1: the same representation; scale from {low:.1f})")
         if title:
-            fig.suptitle(title, fontsize=9)
+            fig.suptitle(wrap(title, 8.5, 9), fontsize=9)
         save_figure(fig, out / "cka.png")
         written.append(str(out / "cka.png"))
     if "pruning" in res:
@@ -204,15 +208,32 @@ def plot_all(res: dict, out, title: str = "") -> List[str]:
             ax.set_yticks(range(width), [str(i) for i in range(width)], fontsize=7)
             ax.set_xlabel(unit)
             ax.set_ylabel(name)
-            ax.set_title(f"accuracy drop (points), {name} masked at one {unit}", fontsize=8)
+            ax.set_title(wrap(f"{name} masked at one {unit}", axes_width(ax), 8), fontsize=8)
             fig.colorbar(im, ax=ax, label="accuracy drop (points; red: lost, blue: gained)")
-        axes[2].bar([r["step"] for r in p["skip"]], [100 * r["drop"] for r in p["skip"]])
-        axes[2].set_xticks(range(1, K + 1))
-        axes[2].set_xlabel(unit)
-        axes[2].set_title(f"accuracy drop (points), whole {unit} skipped (base acc {p['base_acc']:.3f})", fontsize=8)
-        axes[2].grid(alpha=0.3)
+        _skip_panel(axes[2], p["skip"], K, unit, p["base_acc"])
         if title:
-            fig.suptitle(title, fontsize=9)
+            fig.suptitle(wrap(title, 12.5, 9), fontsize=9)
         save_figure(fig, out / "pruning.png")
         written.append(str(out / "pruning.png"))
     return written
+
+
+def _skip_panel(ax, rows, K: int, unit: str, base_acc: float) -> None:
+    """Accuracy drop when one whole step is skipped: a bar a step, each labelled with its value, so that
+    drops of zero (a converged recurrence: T - 1 steps reach the same answer) read as 0, not as nothing."""
+    drops = [100 * r["drop"] for r in rows]
+    bars = ax.bar([r["step"] for r in rows], drops, color=["tab:red" if d > 0 else "tab:blue" for d in drops])
+    ax.bar_label(bars, [f"{d:+.1f}" if abs(d) >= 0.05 else "0.0" for d in drops], fontsize=6, padding=1)
+    ax.axhline(0.0, color="k", lw=0.8)
+    lim = max([abs(d) for d in drops] + [1.0]) * 1.25  # at least +-1 point: zero bars sit mid-panel, labelled
+    ax.set_ylim(-lim if min(drops, default=0) < 0 else -0.1 * lim, lim)
+    ax.set_xticks(range(1, K + 1))
+    ax.set_xlabel(unit)
+    ax.set_ylabel("accuracy drop (points)")
+    if drops and max(drops) - min(drops) < 0.05:
+        what = "no change" if abs(drops[0]) < 0.05 else "the same drop"
+        ax.text(0.5, 0.92, f"{what} whichever {unit} is skipped", transform=ax.transAxes, ha="center",
+                va="top", fontsize=7, color="0.3")
+    ax.set_title(wrap(f"whole {unit} skipped (accuracy with all: {100 * base_acc:.1f}%)", axes_width(ax), 8),
+                 fontsize=8)
+    ax.grid(alpha=0.3, axis="y")

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import PercentFormatter
 
-PERCENT = PercentFormatter(xmax=1.0, decimals=0)  # accuracies are stored as fractions, shown in % as the tables
+from ..plot_style import percent, wrap
+
 # (caption, file) of horizon() and of epochs() at its default label: a report rebuilt without the run
 # directories keeps these plots, drawn earlier, under the same names
 HORIZON = ("accuracy against test-time steps", "acc_vs_steps.png")
@@ -29,8 +29,8 @@ EPOCHS = ("test accuracy against epoch", "acc_vs_epoch.png")
 
 
 def _percent(ax, *which: str) -> None:
-    for w in which or ("y",):
-        getattr(ax, f"{w}axis").set_major_formatter(PERCENT)
+    """Accuracies are stored as fractions, shown in % as the tables (decimals as the ticks need)."""
+    percent(ax, *which)
 
 
 def pareto(points: Sequence[Tuple[float, float]], lower_x: bool = True) -> List[Tuple[float, float]]:
@@ -85,7 +85,8 @@ def cost_fronts(cells: List[Dict[str, Any]], out: Path, name: str) -> List[Tuple
         _percent(ax)
         ax.grid(alpha=0.3)
         _legend(ax, fontsize=7)
-        ax.set_title(f"{name}: accuracy vs {xlabel} (95% intervals over seeds; line: Pareto front)", fontsize=9)
+        ax.set_title(wrap(f"{name}: accuracy vs {xlabel} (95% intervals over seeds; line: Pareto front)", 6.0, 9),
+                     fontsize=9)
         made.append((f"accuracy vs {xlabel}", _save(fig, out / fname)))
     return made
 
@@ -107,7 +108,7 @@ def horizon(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) ->
     _percent(ax)
     ax.grid(alpha=0.3)
     _legend(ax, fontsize=6, ncol=2)
-    ax.set_title(f"{name}: {HORIZON[0]}", fontsize=9)
+    ax.set_title(wrap(f"{name}: {HORIZON[0]}", fig.get_figwidth() - 0.8, 9), fontsize=9)
     return HORIZON[0], _save(fig, out / HORIZON[1])
 
 
@@ -125,7 +126,7 @@ def epochs(cells: List[Dict[str, Any]], out: Path, name: str, key: str = "curve"
         _percent(ax)
     ax.grid(alpha=0.3)
     _legend(ax, fontsize=6, ncol=2)
-    ax.set_title(f"{name}: {ylabel} against epoch", fontsize=9)
+    ax.set_title(wrap(f"{name}: {ylabel} against epoch", fig.get_figwidth() - 0.8, 9), fontsize=9)
     return f"{ylabel} against epoch", _save(fig, out / EPOCHS[1])
 
 
@@ -153,7 +154,7 @@ def every_run(rows: List[Dict[str, Any]], cell_of, out: Path, name: str, word: s
     _percent(ax)
     ax.grid(alpha=0.3)
     _legend(ax, fontsize=6)
-    ax.set_title(f"{name}: {split} {word} of every run against epoch", fontsize=9)
+    ax.set_title(wrap(f"{name}: {split} {word} of every run against epoch", fig.get_figwidth() - 0.8, 9), fontsize=9)
     return f"{split} {word} of every run against epoch", _save(fig, out / "every_run.png")
 
 
@@ -182,7 +183,8 @@ def frontier(cells: List[Dict[str, Any]], out: Path, name: str, chance: float) -
         _percent(ax, "x", "y")
         ax.grid(alpha=0.3)
         _legend(ax, fontsize=7)
-    fig.suptitle(f"{name}: accuracy-robustness frontier (95% intervals over seeds)", fontsize=9)
+    fig.suptitle(wrap(f"{name}: accuracy-robustness frontier (95% intervals over seeds)", fig.get_figwidth() - 0.5, 9),
+                 fontsize=9)
     return "accuracy-robustness frontier", _save(fig, out / "frontier.png")
 
 
@@ -201,7 +203,7 @@ def psnr_vs_params(cells: List[Dict[str, Any]], out: Path, name: str) -> Tuple[s
     ax.set_xlabel("stored parameters")
     ax.set_ylabel("test PSNR (dB)")
     ax.grid(alpha=0.3)
-    ax.set_title(f"{name}: PSNR against stored parameters", fontsize=9)
+    ax.set_title(wrap(f"{name}: PSNR against stored parameters", fig.get_figwidth() - 0.8, 9), fontsize=9)
     return "PSNR against stored parameters", _save(fig, out / "psnr_vs_params.png")
 
 
@@ -220,7 +222,7 @@ def difference_across(points: Sequence[Tuple[str, Dict[str, float]]], out: Path,
     ax.set_xlabel(axis)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.set_title(f"{name}: {what} against {axis} (95% Welch intervals)", fontsize=9)
+    ax.set_title(wrap(f"{name}: {what} against {axis} (95% Welch intervals)", fig.get_figwidth() - 0.8, 9), fontsize=9)
     slug = "".join(ch if ch.isalnum() else "_" for ch in what.replace(" − ", "_minus_"))
     return f"{what} against {axis}", _save(fig, out / f"{slug}.png")
 
@@ -243,5 +245,5 @@ def series(lines: Dict[str, Sequence[Tuple[float, Dict[str, float]]]], path: Pat
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     _legend(ax, fontsize=7)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(wrap(title, fig.get_figwidth() - 0.8, 9), fontsize=9)
     return _save(fig, path)

@@ -119,9 +119,13 @@ def mean_image_baseline(mean: torch.Tensor, loader: Iterable) -> Dict[str, float
 @torch.no_grad()
 def save_grid(model: nn.Module, dataset: Dataset, path: str | Path, device: torch.device, n: int = 16,
               amp: str = "auto", **run: Any) -> Path:
-    """PNG: ``n`` test images evenly spaced over the test set (top row) over their reconstructions
-    (bottom row)."""
-    from torchvision.utils import save_image
+    """PNG: ``n`` test images evenly spaced over the test set (top row, "original") over their
+    reconstructions (bottom row, labelled with the loops they ran), drawn with matplotlib."""
+    from matplotlib.figure import Figure
+    from torchvision.utils import make_grid
+
+    from ..plot_style import wrap
+    from ..train.outputs import save_figure
 
     n = min(n, len(dataset))
     idx = torch.linspace(0, len(dataset) - 1, n).round().long().tolist()
@@ -132,9 +136,21 @@ def save_grid(model: nn.Module, dataset: Dataset, path: str | Path, device: torc
     imgs = torch.cat([to_unit(x), to_unit(xr.float()).clamp(0, 1)]).cpu()
     if imgs.shape[-1] < 64:  # blow small images up (nearest) so the grid is legible
         imgs = F.interpolate(imgs, scale_factor=max(1, 64 // imgs.shape[-1]), mode="nearest")
-    path = Path(path)
-    save_image(imgs, path, nrow=n, padding=2, pad_value=1.0)
-    return path
+    pad, h = 2, imgs.shape[-2]
+    grid = make_grid(imgs, nrow=n, padding=pad, pad_value=1.0).permute(1, 2, 0).numpy()  # (H, W, C)
+    width = min(16.0, max(6.0, 0.75 * n))
+    fig = Figure(figsize=(width, width * grid.shape[0] / grid.shape[1] + 0.9), dpi=110)
+    ax = fig.add_subplot()
+    ax.imshow(grid, cmap="gray" if grid.shape[-1] == 1 else None, interpolation="nearest")
+    loops = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in run.items() if v is not None)
+    ax.set_yticks([pad + h / 2, 2 * pad + 1.5 * h], ["original", "reconstruction" + (f"\n({loops})" if loops else "")],
+                  fontsize=8)
+    ax.set_xticks([])
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_title(wrap(f"{n} test images (top) and their reconstructions (bottom)", width - 1.5, 9), fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, Path(path))
 
 
 __all__ = ["TASK", "build_vae_model", "load_vae_run", "evaluate_vae", "mean_image_baseline", "save_grid", "make_test_loader"]
