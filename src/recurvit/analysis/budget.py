@@ -26,6 +26,7 @@ from ..errors import UserError
 GiB = 1024 ** 3
 MAX_EVAL_SECONDS = 24 * 3600  # an evaluation estimated to take longer than this is refused without --force
 FIT = 0.9  # fraction of the free memory a run may plan to use
+MAX_TRAIN_SECONDS = 6 * 3600  # a training whose first batches predict longer than this stops (train --force: goes on)
 
 
 def free_memory(device: torch.device) -> int:
@@ -85,6 +86,31 @@ def check_train_memory(model: nn.Module, input_shape: Tuple[int, int, int], step
                         f"{_gib(params)} of parameters and optimizer state) but {_gib(free)} are free on {device}; "
                         "lower model.steps or train.batch_size, or set train.activation_checkpointing=true")
     return {"params": params, "activations": acts, "free": free}
+
+
+def check_train_time(seconds_per_batch: float, batches_left: int, settings: str, force: bool = False) -> float:
+    """Seconds the rest of a training takes at the pace of its first batches; UserError (the run stops) when
+    that is beyond MAX_TRAIN_SECONDS, naming what makes a batch cost (``settings``)."""
+    seconds = seconds_per_batch * batches_left
+    if seconds > MAX_TRAIN_SECONDS and not force:
+        raise UserError(f"stopped: the first batches took {seconds_per_batch:,.1f} s each, so the {batches_left:,} "
+                        f"batches left would take about {seconds / 3600:,.1f} h here ({settings}); make a batch "
+                        "cheaper (data.img_size, a larger model.patch_size, train.batch_size) or start with --force")
+    return seconds
+
+
+def first_batches_guard(per_epoch: int, batches: int, settings: str) -> Callable[[int, float], None]:
+    """``after_batch(i, seconds so far)`` for a training's first epoch: the pace of its second batch (the
+    first one also warms up; the first when an epoch has one) times the ``batches`` left, checked by
+    :func:`check_train_time`."""
+    first: Dict[str, float] = {}
+
+    def after(i: int, seconds: float) -> None:
+        if i == 1:
+            first["s"] = seconds
+        if i == min(2, per_epoch):
+            check_train_time(seconds - first["s"] if i == 2 else seconds, batches - i, settings)
+    return after
 
 
 @torch.no_grad()

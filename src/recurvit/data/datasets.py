@@ -31,6 +31,8 @@ DATASETS: tuple[str, ...] = ("digits", "fashion_mnist", "cifar10", "cifar100", "
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"  # where Debian's dataset-fashion-mnist installs
 CIFAR_ROOT = "data/cifar"
 IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+FOLDER_MAX_SIZE = 224  # imagefolder without data.img_size: the images' own size, larger ones resized to this (timm's)
+FOLDER_SAMPLE = 64  # image headers read to find an image folder's own size
 CIFAR_STATS = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
@@ -179,17 +181,13 @@ def _image_folder(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Da
     missing = [shown(d) for d in dirs.values() if not d.is_dir()]
     if missing:
         raise UserError(f"imagefolder: expected class folders in {' and '.join(missing)} (train/<class>/*.png|jpg)")
-    size = int(cfg.img_size or 224)
     mean, std = IMAGENET_STATS
-    padding, hflip = _augment_options(cfg, size)
-    train_tf = T.folder_train_transform(size, mean, std, padding, hflip, bool(cfg.randaugment))
-    test_tf = T.folder_test_transform(size, mean, std)
     opts = dict(skip_bad=bool(cfg.skip_bad_images), follow_symlinks=bool(cfg.follow_symlinks),
                 data_root=root)
     try:
-        test = CheckedImageFolder(dirs["val"], transform=test_tf, **opts)
+        test = CheckedImageFolder(dirs["val"], **opts)
         # an evaluation reads val/ only (scanning an ImageNet-sized train/ costs minutes)
-        train = CheckedImageFolder(dirs["train"], transform=train_tf, **opts) if with_train else None
+        train = CheckedImageFolder(dirs["train"], **opts) if with_train else None
     except (FileNotFoundError, OSError) as e:
         msg = str(e)
         for d in dirs.values():  # torchvision names the folder as it is: a newline in it would end the line
@@ -198,6 +196,11 @@ def _image_folder(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Da
     for split, ds in (("train", train), ("val", test)):
         if ds is not None and ds.skipped and len(ds) == 0:
             raise UserError(f"imagefolder: none of the {len(ds.skipped)} images in {shown(dirs[split])} can be read")
+    size = int(cfg.img_size or folder_size([path for path, _ in test.samples]))
+    padding, hflip = _augment_options(cfg, size)
+    test.transform = T.folder_test_transform(size, mean, std)
+    if train is not None:
+        train.transform = T.folder_train_transform(size, mean, std, padding, hflip, bool(cfg.randaugment))
     if train is None:
         info = DatasetInfo(cfg.name, size, 3, len(test.classes), mean, std, len(test.skipped), (), tuple(test.classes))
         return None, test, info
@@ -216,6 +219,24 @@ def _image_folder(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Da
                  f" {len(test.skipped)} val; data.skip_bad_images=true), first {shown(skipped[0])}",)
     info = DatasetInfo(cfg.name, size, 3, len(train.classes), mean, std, len(skipped), notes, tuple(train.classes))
     return train, test, info
+
+
+def folder_size(paths: list, most: int = FOLDER_MAX_SIZE) -> int:
+    """An image folder's own size: the commonest shorter side among up to FOLDER_SAMPLE images spread over
+    ``paths`` (headers only), at most ``most`` (larger photos are resized to it, as timm's default)."""
+    from collections import Counter
+
+    from PIL import Image
+
+    step = max(1, len(paths) // FOLDER_SAMPLE)
+    sides = Counter()
+    for path in paths[::step][:FOLDER_SAMPLE]:
+        try:
+            with Image.open(path) as im:
+                sides[min(im.size)] += 1
+        except OSError:  # an unreadable file is reported (or left out) when it is read
+            continue
+    return min(sides.most_common(1)[0][0], most) if sides else most
 
 
 def build_datasets(

@@ -123,14 +123,27 @@ def _augment(size: int, padding: int, hflip: bool, randaugment: bool) -> list:
     return steps
 
 
-def folder_test_transform(size: int, mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
-    """ImageNet-style evaluation pipeline for PIL images: resize to size/0.875, centre crop."""
+FOLDER_CROP = 0.875  # image folders: resize to size / 0.875, centre crop (timm's crop_pct)
+
+
+def folder_test_transform(size: int, mean: Sequence[float], std: Sequence[float],
+                          crop_pct: float = FOLDER_CROP) -> v2.Compose:
+    """ImageNet-style evaluation pipeline for PIL images: resize to size/crop_pct, centre crop."""
     steps: list[v2.Transform] = [
         v2.ToImage(),
-        v2.Resize(int(size / 0.875 + 0.5), antialias=True),
+        v2.Resize(int(size / crop_pct + 0.5), antialias=True),
         v2.CenterCrop(size),
     ]
     return v2.Compose(steps + _normalize(mean, std))
+
+
+def resize_center_crop(image: torch.Tensor, size: int, crop_pct: float = 1.0) -> torch.Tensor:
+    """A uint8 (C, H, W) image of any shape as timm's eval transform reads it: the shorter side resized to
+    ``floor(size / crop_pct)`` (bilinear, antialiased), then the centre ``size`` x ``size`` crop."""
+    scale = int(math.floor(size / crop_pct))
+    if min(image.shape[-2:]) != scale:
+        image = v2.functional.resize(image, scale, antialias=True)
+    return v2.functional.center_crop(image, [size, size])
 
 
 def check_mix_alphas(cfg: DataConfig) -> tuple[float, float]:

@@ -63,13 +63,14 @@ def read_images(files: Iterable[Path]) -> Tuple[List[Tuple[str, Any]], List[Tupl
 
 def _transform(cfg: Dict[str, Any]):
     from ..data import transforms as T
+    from .preprocessing import crop_pct
 
     data = cfg.get("recurvit_data")
     if data is None:
         raise UserError("this model carries no preprocessing (pretrained_cfg); load it with recurvit.load_model(RUN)")
     size, chans, mean, std = data["img_size"], data["in_chans"], data["mean"], data["std"]
     if data["pipeline"] == "folder":
-        folder = T.folder_test_transform(size, mean, std)
+        folder = T.folder_test_transform(size, mean, std, crop_pct(data))
         return lambda im: folder(im.convert("RGB"))
 
     from ..data.datasets import dense_target
@@ -83,8 +84,9 @@ def _transform(cfg: Dict[str, Any]):
         x = torch.from_numpy(arr.copy())
         x = x[None] if x.ndim == 2 else x.permute(2, 0, 1)  # (C, H, W) uint8, as the in-memory data sets
         if x.shape[-1] != x.shape[-2]:
-            raise UserError(f"a {x.shape[-1]}x{x.shape[-2]} image for a model trained on square "
-                            f"{size}x{size} images; crop it square first")
+            if dense:
+                raise UserError(f"a {x.shape[-1]}x{x.shape[-2]} maze image; a maze is square")
+            x = T.resize_center_crop(x, size, crop_pct(data))  # as timm's eval transform: shorter side, centre crop
         native = int(x.shape[-1])
         return T.tensor_test_transform(native if dense else size, native, mean, std)(x)
 

@@ -50,6 +50,19 @@ def seed_everything(seed: int) -> None:
         pass
 
 
+def run_data(cfg: RunConfig):
+    """The data config a run reads: ONE img_size governs model and data, so ``model.img_size`` alone also
+    sizes the images (``data.img_size``, when set, wins; both set and different is an error later). Data
+    read at its own size (mazes: a model runs larger ones) is left as it is."""
+    from ..data.datasets import dense_target
+
+    if dense_target(cfg.data.name):
+        return cfg.data
+    if cfg.data.img_size is None and getattr(cfg.model, "img_size", None) is not None:
+        return replace(cfg.data, img_size=int(cfg.model.img_size))
+    return cfg.data
+
+
 def resolve_model_config(cfg: RunConfig, info) -> RunConfig:
     """The model follows the data set (img_size, in_chans, num_classes) unless set explicitly; a value set
     explicitly that cannot read the data (fewer classes than its labels, other channels, another size
@@ -127,7 +140,8 @@ def build_loaders(cfg: RunConfig, epoch_seed: int = 0, env: dist_io.DistEnv = di
     global batch (``train.batch_size / world_size`` images) and of the test set."""
     from ..data import build_datasets
 
-    train_set, test_set, info = env.main_first(lambda: build_datasets(cfg.data, log=log if env.is_main else quiet))  # rank 0 downloads first
+    data = run_data(cfg)
+    train_set, test_set, info = env.main_first(lambda: build_datasets(data, log=log if env.is_main else quiet))  # rank 0 downloads first
     kw = dict(num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available(),
               persistent_workers=cfg.data.num_workers > 0)
     if not env.enabled:
@@ -166,7 +180,7 @@ def build_test_loader(cfg: RunConfig) -> Tuple[DataLoader, object]:
     """(test loader, data info) for the evaluation commands."""
     from ..data import build_datasets
 
-    _, test_set, info = build_datasets(cfg.data, with_train=False)
+    _, test_set, info = build_datasets(run_data(cfg), with_train=False)
     loader = DataLoader(test_set, batch_size=max(256, cfg.train.batch_size), shuffle=False,
                         num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available())
     return loader, info

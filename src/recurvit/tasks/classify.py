@@ -25,7 +25,7 @@ from ..data.datasets import dense_target, native_size
 from ..export.preprocessing import data_record
 from ..train import checkpoint as ckpt_io
 from ..runtime import distributed as dist_io
-from ..analysis.budget import check_param_memory, check_train_memory
+from ..analysis.budget import check_param_memory, check_train_memory, first_batches_guard
 from ..train.checks import Diverged, check_train_config, out_of_memory
 from ..train.fit import fit
 from ..train.losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
@@ -81,10 +81,12 @@ class StepsForward(nn.Module):
 
 def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: DepthSampler,
                     batch_transform=None, epoch: int = 0, forward: Optional[Callable] = None,
-                    env: dist_io.DistEnv = dist_io.SINGLE, log: Optional[Callable] = None) -> Dict[str, float]:
+                    env: dist_io.DistEnv = dist_io.SINGLE, log: Optional[Callable] = None,
+                    after_batch: Optional[Callable[[int, float], None]] = None) -> Dict[str, float]:
     """One pass over ``loader``. ``forward`` (default ``model.forward_steps``) is the DDP-wrapped
     forward under several processes; the returned figures are then sums over all ranks. With
-    ``train.log_every=N``, ``log`` gets a line every N batches."""
+    ``train.log_every=N``, ``log`` gets a line every N batches; ``after_batch(i, seconds so far)`` is
+    called after each of the first two batches (the time guard of a new run)."""
     model.train()
     forward = model.forward_steps if forward is None else forward
     tc = cfg.train
@@ -117,6 +119,8 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
             value = loss.item() if step_loss is None else step_loss
             raise Diverged(value, epoch + 1, tc)
         optimizer_step(model, opt, sched, loss, tc.grad_clip)
+        if after_batch is not None and i <= 2:  # (before the stage loop below reuses the name i)
+            after_batch(i, time.perf_counter() - t0)
         if step_loss is None:
             n += b
             loss_sum += loss.item() * b
@@ -231,6 +235,13 @@ class ClassifyTask(Task):
             env.on_main(lambda: check_train_memory(model, (model.cfg.in_chans, model.cfg.img_size, model.cfg.img_size),
                                                    depth.deepest, batch, device,
                                                    f"{depth.deepest:,} steps x batch {batch:,}", force=force))
+        self.time_guard = None if force or env.enabled else self._time_guard  # ranks would not agree on a stop
+
+    def _time_guard(self, epoch):
+        c, tc, per_epoch = self.model.cfg, self.cfg.train, len(self.train_loader)
+        return first_batches_guard(per_epoch, per_epoch * (tc.epochs - epoch), f"{c.img_size}x{c.img_size} px, "
+                                   f"{self.model.patch_embed.num_patches:,} tokens an image, "
+                                   f"{self.depth.deepest:,} steps, batch {tc.batch_size:,}")
 
     def _speed_and_scale(self, device, env) -> Optional[Callable]:
         """Activation checkpointing, regional compilation and the DDP wrapper, as the config asks;
@@ -292,8 +303,10 @@ class ClassifyTask(Task):
         set_epoch(self.train_loader, self.cfg.train.seed * 100_003 + epoch)  # the shuffle depends on (seed, epoch) only
 
     def train_epoch(self, epoch, env):
+        watch, self.time_guard = getattr(self, "time_guard", None), None  # the first epoch this process trains
         m = train_one_epoch(self.model, self.train_loader, self.opt, self.sched, self.device, self.cfg, self.depth,
-                            self.batch_transform, epoch, forward=self.forward, env=env, log=self.log)
+                            self.batch_transform, epoch, forward=self.forward, env=env, log=self.log,
+                            after_batch=watch and watch(epoch))
         return {"lr": self.sched.get_last_lr()[0], **m}
 
     def evaluate(self, env):
