@@ -87,11 +87,11 @@ def test_predict_csv_never_writes_over_a_file_it_did_not_write(trained, tmp_path
 def test_horizon_never_writes_over_a_file_it_did_not_write(trained, tmp_path, capsys):
     run = _copy(trained, tmp_path)
     (run / "horizon.csv").write_text("my notes\n")
-    _fails(capsys, ["horizon", run, "--max-steps", "2"], "horizon.csv exists and was not written by this command")
+    _fails(capsys, ["horizon", run, "--steps", "2"], "horizon.csv exists and was not written by this command")
     assert (run / "horizon.csv").read_text() == "my notes\n"
     (run / "horizon.csv").unlink()
     for _ in range(2):  # its own files are written again
-        code, out = _cli(capsys, ["horizon", run, "--max-steps", "2"])
+        code, out = _cli(capsys, ["horizon", run, "--steps", "2"])
         assert code == 0, out.err
 
 
@@ -134,22 +134,22 @@ def test_a_directory_with_a_checkpoint_is_never_taken_over(trained, tmp_path, ca
 
 # ------------------------------------------------------------- 3. an export killed half way
 def test_an_export_killed_half_way_leaves_no_folder_and_runs_again(trained, tmp_path, capsys, monkeypatch):
+    import safetensors.torch
+
     out = tmp_path / "exported"
-    real = ckpt_io.atomic_write
+    real = safetensors.torch.save_file  # timm's save_for_hf writes the weights with it, then config.json
     calls = []
 
-    def killed_on_the_weights(path, write, needed=None):
-        calls.append(path)
-        if Path(path).name == "model.safetensors":
-            raise KeyboardInterrupt  # a kill (or Ctrl-C) after config.json was written
-        return real(path, write, needed)
+    def killed_on_the_weights(tensors, filename, *a, **kw):
+        calls.append(filename)
+        raise KeyboardInterrupt  # a kill (or Ctrl-C) while the weights are written
 
-    monkeypatch.setattr(ckpt_io, "atomic_write", killed_on_the_weights)
-    code, _ = _cli(capsys, ["export", trained, "--format", "hf", out])
+    monkeypatch.setattr(safetensors.torch, "save_file", killed_on_the_weights)
+    code, _ = _cli(capsys, ["export", trained, "--format", "hf", "--out", out])
     assert code == 130 and calls and not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".exported")]
-    monkeypatch.setattr(ckpt_io, "atomic_write", real)
-    code, res = _cli(capsys, ["export", trained, "--format", "hf", out])
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    code, res = _cli(capsys, ["export", trained, "--format", "hf", "--out", out])
     assert code == 0, res.err
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
 
@@ -178,8 +178,8 @@ def _cases(trained, tmp_path):
     return [
         # 5. NaN weights
         (["predict", nan, img], "weights contain NaN"),
-        (["export", nan, "--format", "hf", tmp_path / "e1"], "weights contain NaN"),
-        (["export", nan, "--format", "safetensors", tmp_path / "e2.safetensors"], "weights contain NaN"),
+        (["export", nan, "--format", "hf", "--out", tmp_path / "e1"], "weights contain NaN"),
+        (["export", nan, "--format", "safetensors", "--out", tmp_path / "e2.safetensors"], "weights contain NaN"),
         # 6. a study name is one word
         (["study", escape, "--report-only"], "name must be one word"),
         (["study", listed, "--report-only"], "name must be one word"),
@@ -192,11 +192,11 @@ def _cases(trained, tmp_path):
         (["finetune", trained, "--data", "digits", "--alpha", "-1"], "--alpha must be"),
         # 8. unwritable places
         (["predict", trained, img, "--csv", "/sys/p.csv"], "cannot write /sys/p.csv"),
-        (["export", trained, "--format", "hf", "/sys/e"], "/sys"),
-        (["export", trained, "--format", "safetensors", "/sys/e.safetensors"], "/sys"),
-        (["export", trained, "--format", "torch-export", "/sys/e.pt2"], "/sys"),
-        (["horizon", trained, "--max-steps", "2", "--out", "/sys/h"], "/sys/h"),
-        (["horizon", trained, "--max-steps", "2", "--out", tmp_path / "afile"], "is a file"),
+        (["export", trained, "--format", "hf", "--out", "/sys/e"], "/sys"),
+        (["export", trained, "--format", "safetensors", "--out", "/sys/e.safetensors"], "/sys"),
+        (["export", trained, "--format", "torch-export", "--out", "/sys/e.pt2"], "/sys"),
+        (["horizon", trained, "--steps", "2", "--out", "/sys/h"], "/sys/h"),
+        (["horizon", trained, "--steps", "2", "--out", tmp_path / "afile"], "is a file"),
     ]
 
 
@@ -217,7 +217,7 @@ def test_bad_inputs_are_one_line_and_exit_2(trained, tmp_path, capsys, i):
 
 def test_an_export_into_a_missing_folder_makes_it(trained, tmp_path, capsys):
     out = tmp_path / "new" / "deeper" / "w.safetensors"
-    code, res = _cli(capsys, ["export", trained, "--format", "safetensors", out])
+    code, res = _cli(capsys, ["export", trained, "--format", "safetensors", "--out", out])
     assert code == 0, res.err
     assert out.is_file()
 
@@ -257,7 +257,7 @@ def test_ctrl_c_during_a_checkpoint_write_says_interrupted_and_keeps_the_last_on
     monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: real_save(obj, Interrupted(f), *a, **k))
     code, out = _cli(capsys, ["train", "--resume", run, "train.epochs=2"])
     err = out.err.strip()
-    assert code == 130 and err.splitlines() == ["interrupted; continue with recurvit train --resume RUN_DIR"], err
+    assert code == 130 and err.splitlines() == [f"interrupted; continue with recurvit train --resume {run}"], err
     assert (run / "last.pt").read_bytes() == before and not list(run.glob(".*.tmp"))
 
 
@@ -288,7 +288,7 @@ def test_more_bad_inputs_are_one_line(trained, tmp_path, capsys, monkeypatch):
     (tmp_path / "garbage.pt").write_bytes(bytes(range(256)) * 16)
     (tmp_path / "text.pt").write_text("hello\n")
     exported = tmp_path / "exp"
-    assert main(["export", str(trained), "--format", "hf", str(exported)]) == 0
+    assert main(["export", str(trained), "--format", "hf", "--out", str(exported)]) == 0
     (exported / "model.safetensors").write_bytes(b"\0" * 64)
     moved = _copy(trained, tmp_path, "moved")
     (moved / "metrics.jsonl").unlink()

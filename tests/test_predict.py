@@ -92,7 +92,7 @@ def test_export_hf_loads_in_timm_and_recurvit_with_the_same_logits(tmp_path, mod
 
     run = tmp_path / "run"
     assert main(["train", *TINY, *model, "train.epochs=1", "--out", str(run), "--json"]) == 0
-    assert main(["export", str(run), "--format", "hf", str(tmp_path / "hf")]) == 0
+    assert main(["export", str(run), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
     x = torch.randn(3, 1, 8, 8)
     ours = recurvit.load_model(run)
     theirs = timm.create_model(f"local-dir:{tmp_path / 'hf'}", pretrained=True).eval()
@@ -103,7 +103,7 @@ def test_export_hf_loads_in_timm_and_recurvit_with_the_same_logits(tmp_path, mod
     assert timm.data.resolve_data_config(model=theirs)["input_size"] == (1, 8, 8)
     assert again.pretrained_cfg["label_names"] == [str(i) for i in range(10)]
     capsys.readouterr()
-    assert main(["export", str(run), "--format", "hf", str(tmp_path / "hf")]) == 2  # never over an export
+    assert main(["export", str(run), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2  # never over an export
     capsys.readouterr()
     assert main(["eval", str(run), "--json"]) == 0
     from_run = json.loads(capsys.readouterr().out)
@@ -120,7 +120,7 @@ def test_torch_export_has_a_dynamic_batch_and_the_runs_logits(tmp_path, model):
 
     run = tmp_path / "run"
     assert main(["train", *TINY, *model, "train.epochs=1", "--out", str(run), "--json"]) == 0
-    assert main(["export", str(run), "--format", "torch-export", str(tmp_path / "m.pt2")]) == 0
+    assert main(["export", str(run), "--format", "torch-export", "--out", str(tmp_path / "m.pt2")]) == 0
     program = torch.export.load(str(tmp_path / "m.pt2")).module()
     for n in (1, 7):
         x = torch.randn(n, 1, 8, 8)
@@ -134,7 +134,7 @@ def test_the_ode_core_says_in_one_line_why_it_cannot_be_torch_exported(tmp_path,
     assert main(["train", *TINY, "model.core=ode", "model.method=rk4", "model.t_end=2.0", "train.epochs=1",
                  "--out", str(run), "--json"]) == 0
     capsys.readouterr()
-    assert main(["export", str(run), "--format", "torch-export", str(tmp_path / "m.pt2")]) == 2
+    assert main(["export", str(run), "--format", "torch-export", "--out", str(tmp_path / "m.pt2")]) == 2
     err = capsys.readouterr().err
     assert "cannot be exported with torch.export" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "m.pt2").exists()
@@ -150,7 +150,7 @@ def test_onnx_export_runs_in_onnxruntime_with_the_runs_logits(tmp_path, model):
 
     run = tmp_path / "run"
     assert main(["train", *TINY, *model, "train.epochs=1", "--out", str(run), "--json"]) == 0
-    assert main(["export", str(run), "--format", "onnx", str(tmp_path / "m.onnx")]) == 0
+    assert main(["export", str(run), "--format", "onnx", "--out", str(tmp_path / "m.onnx")]) == 0
     session = ort.InferenceSession(str(tmp_path / "m.onnx"))
     for n in (1, 6):
         x = torch.randn(n, 1, 8, 8)

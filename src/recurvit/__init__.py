@@ -22,13 +22,18 @@ __all__ = ["create_model", "list_models", "load_model", "model_config", "load_co
 
 
 def load_model(path, map_location="cpu", **overrides):
-    """Model from a run directory or checkpoint file, with its trained weights, in eval mode.
-    ``overrides`` are core options to run it with (e.g. ``method="rk4"`` for an ODE run)."""
-    from .export.hf import is_hf_folder, load_hf
+    """Model from a run directory, a checkpoint file, a folder written by ``recurvit export --format hf``
+    or a ``.safetensors`` file written by ``--format safetensors``, with its trained weights, in eval mode.
+    ``overrides`` are core options to run it with (e.g. ``core="ode"``, ``method="rk4"``, ``steps=24``)."""
+    from pathlib import Path
+
+    from .export.hf import is_hf_folder, load_hf, load_safetensors
     from .train.checkpoint import load_model as _load
 
-    if is_hf_folder(path) and not overrides:  # a folder written by `recurvit export --format hf`
-        return load_hf(path)
+    if is_hf_folder(path):
+        return load_hf(path, **overrides).to(map_location)
+    if Path(path).suffix == ".safetensors":
+        return load_safetensors(path, **overrides).to(map_location)
     return _load(path, map_location=map_location, **overrides)
 
 

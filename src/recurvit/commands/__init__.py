@@ -1,10 +1,50 @@
 """One module per CLI command: ``add_parser(subparsers)`` and ``run(args)``."""
+import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ..errors import UserError
+
+
+def deprecated(old: str, new: str) -> None:
+    """The one-line note for a spelling kept for one release (docs/cli.md lists them)."""
+    print(f"recurvit: {old} is deprecated and will go in the next release; use {new}", file=sys.stderr)
+
+
+class DeprecatedOption(argparse.Action):
+    """An old option spelling: stores into the new option's ``dest`` and prints the one-line note.
+    ``p.add_argument("--max-steps", dest="steps", type=int, action=DeprecatedOption, new="--steps")``"""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        kwargs.setdefault("help", argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        deprecated(option_string, self.new)
+        setattr(namespace, self.dest, values)
+
+
+def add_out_arg(p, help: str, positional: str = "") -> None:
+    """``--out PATH``; ``positional``: the name of an old positional OUT still accepted (see :func:`out_of`)."""
+    p.add_argument("--out", type=Path, help=help)
+    if positional:
+        p.add_argument(positional, nargs="?", type=Path, help=argparse.SUPPRESS)
+
+
+def out_of(args, positional: str = "out_positional", required: bool = True) -> Optional[Path]:
+    """``--out``, or the deprecated positional OUT (with its note); both, or neither when ``required``, is an error."""
+    old = getattr(args, positional, None)
+    if old is not None:
+        if args.out is not None:
+            raise UserError(f"give the output once: --out {args.out} or the (deprecated) positional {old}, not both")
+        deprecated("a positional OUT", f"--out {old}")
+        args.out = old
+    if required and args.out is None:
+        raise UserError("say where to write: --out PATH")
+    return args.out
 
 
 def print_json(obj) -> None:

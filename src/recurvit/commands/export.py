@@ -1,9 +1,9 @@
-"""recurvit export RUN --format hf|safetensors|torch-export|onnx OUT"""
+"""recurvit export RUN --format hf|safetensors|torch-export|onnx --out OUT"""
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import print_json
+from . import add_out_arg, out_of, print_json
 
 
 def add_parser(sub):
@@ -13,9 +13,9 @@ def add_parser(sub):
                                    "'local-dir:OUT', pretrained=True) and recurvit.load_model(OUT) give the run's "
                                    "logits, and timm's push_to_hf_hub publishes it. --format safetensors writes the "
                                    "weights alone to OUT (a file). Example: recurvit export runs/digits-bvit_tiny-... "
-                                   "--format hf exported/bvit-digits")
+                                   "--format hf --out exported/bvit-digits")
     p.add_argument("run", type=Path, help="run directory or checkpoint file")
-    p.add_argument("out", type=Path, help="output folder (hf) or file (safetensors)")
+    add_out_arg(p, "output folder (hf) or file (safetensors, torch-export, onnx)", positional="out_positional")
     p.add_argument("--format", choices=("hf", "safetensors", "torch-export", "onnx"), default="hf",
                    help="what to write (torch-export: torch.export.export at the trained depth, dynamic batch, "
                         "saved with torch.export.save; load with torch.export.load(OUT).module()); onnx: the same through "
@@ -28,6 +28,7 @@ def run(args) -> int:
     from ..errors import UserError
     from ..export.hf import export_hf
 
+    out_of(args)
     if args.format == "hf":
         written = export_hf(args.run, args.out)
         files = sorted(str(p) for p in written.iterdir())
@@ -38,15 +39,18 @@ def run(args) -> int:
     else:
         from safetensors.torch import save
 
-        from ..train.checkpoint import atomic_write, check_finite, load_model
+        from ..train.checkpoint import atomic_write, check_finite
         from ..train.outputs import output_dir
 
         if args.out.exists():
             raise UserError(f"{args.out} exists; choose another OUT")
         output_dir(args.out.parent, "OUT")
-        model = load_model(args.run)
+        from ..export.hf import safetensors_metadata
+        from ..train.checkpoint import load_model_and_config
+
+        model, cfg = load_model_and_config(args.run)
         check_finite(model, args.run)
-        data = save({k: v.contiguous() for k, v in model.state_dict().items()})
+        data = save({k: v.contiguous() for k, v in model.state_dict().items()}, metadata=safetensors_metadata(model, cfg))
         atomic_write(args.out, lambda f: f.write(data), needed=len(data))
         files = [str(args.out)]
     if args.json:

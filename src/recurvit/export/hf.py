@@ -1,14 +1,18 @@
 """A run in the Hugging Face / timm layout: a folder with ``config.json`` (the timm architecture, its
-arguments and the preprocessing) and ``model.safetensors``.
+arguments and the preprocessing) and ``model.safetensors``, written by timm's own ``save_for_hf``.
 
-    recurvit export RUN --format hf OUT
-    timm.create_model("local-dir:OUT", pretrained=True)      # the same logits as the run
-    recurvit.load_model(OUT)                                 # the same model, through recurvit
-    timm.models.push_to_hf_hub(model, "user/name")           # publishing (network: not tested here)
+    recurvit export RUN --format hf --out OUT
+    timm.create_model("local-dir:OUT", pretrained=True)                 # the same logits as the run
+    timm.create_model("local-dir:OUT", pretrained=True, num_classes=5)  # fine-tuning: a new head
+    recurvit.load_model(OUT, core="ode")                                # through recurvit, with overrides
+    timm.models.push_to_hf_hub(model, "user/name")                      # publishing (network: not tested here)
 
-The architecture is one of the names recurvit registers in timm (``bvit_tiny_patch16_224`` etc.) and
-``model_args`` hold every setting of the run's model config, so a model of any width, depth, core or
-step count (not only a preset) comes back as it was trained.
+The architecture is named by the model's real shape, ``FAMILY_SIZE_patchP_S`` (``bvit_tiny_patch4_8`` for
+the digits run: 8 px in 4 px patches), which recurvit registers in timm on first lookup
+(models/timm_presets.py); a stack ViT is ``bvit_*`` with ``core="stack"``. ``model_args`` hold every
+setting of the run's model config, so a model of any width, depth, core or step count comes back as it
+was trained; ``pretrained_cfg`` holds the run's preprocessing and timm's ``first_conv`` / ``classifier``
+(``in_chans=3`` adapts the patch embedding's convolution of a grey model, as timm does for any stem).
 """
 from __future__ import annotations
 
@@ -17,8 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict
 
-ARCH = "{preset}_patch16_224"  # a timm entry point; every argument below overrides its defaults
-PRESET_FAMILY = {"vit": "bvit", "bvit": "bvit", "srvit": "srvit"}  # the timm names recurvit registers
+PRESET_FAMILY = {"vit": "bvit", "bvit": "bvit", "srvit": "srvit"}  # the timm families recurvit registers
 
 
 def model_args(cfg) -> Dict[str, Any]:
@@ -28,41 +31,53 @@ def model_args(cfg) -> Dict[str, Any]:
     return {**mc, **options}
 
 
-def architecture(cfg) -> str:
-    family, _, size = cfg.model.name.partition("_")
-    if family not in PRESET_FAMILY or size not in ("tiny", "small", "base"):
+def architecture(cfg, model) -> str:
+    from ..models.registry import timm_name
+
+    family = cfg.model.name.partition("_")[0]
+    name = timm_name(cfg.model.name, model.cfg.patch_size, model.cfg.img_size, PRESET_FAMILY.get(family))
+    if name is None:
         from ..errors import UserError
 
         raise UserError(f"model {cfg.model.name} has no timm entry point to export under")
-    return ARCH.format(preset=f"{PRESET_FAMILY[family]}_{size}")  # a stack too: its core is in model_args
+    return name
+
+
+def _timm_twin(model, cfg):
+    """The run's model built by ``timm.create_model`` (so it carries what ``save_for_hf`` reads: the factory's
+    arguments, traits, ``pretrained_cfg``), holding the run's weights and preprocessing."""
+    import timm
+
+    from ..models import timm_presets  # noqa: F401  (registers the names)
+
+    args = {**model_args(cfg), "core": model.cfg.core}  # the entry point's preset may default to another core
+    twin = timm.create_model(architecture(cfg, model), **args)
+    twin.load_state_dict(model.state_dict())
+    pre = {k: v for k, v in (getattr(model, "pretrained_cfg", None) or {}).items() if k != "recurvit_data"}
+    twin.pretrained_cfg = {**twin.pretrained_cfg, **pre}
+    return twin.eval(), args
 
 
 def export_hf(run: Path, out: Path) -> Path:
-    """``out``: a new folder with config.json and model.safetensors, written under a temporary name and
-    renamed when complete (a kill leaves no half folder that the same export would then refuse)."""
-    from safetensors.torch import save
+    """``out``: a new folder with config.json and model.safetensors, written by ``timm.models.save_for_hf``
+    under a temporary name and renamed when complete (a kill leaves no half folder)."""
+    from timm.models import save_for_hf
 
     from ..errors import UserError
-    from ..train.checkpoint import atomic_write, check_finite, load_model_and_config
+    from ..train.checkpoint import check_finite, load_model_and_config
     from ..train.outputs import staged_dir
 
     model, cfg = load_model_and_config(run)
     check_finite(model, run)
     if getattr(model, "adapters", None):
         raise UserError("a step-LoRA fine-tune cannot be exported as one set of weights; export its unrolled.pt")
-    out = Path(out)
-    args = {**model_args(cfg), "core": model.cfg.core}  # the entry point's preset may default to another core
-    pre = dict(getattr(model, "pretrained_cfg", None) or {})
-    pre.pop("recurvit_data", None)
-    config = {"architecture": architecture(cfg), "model_args": args, "num_classes": cfg.model.num_classes,
-              "label_names": pre.get("label_names", []), "pretrained_cfg": pre,
-              "recurvit": {"model": cfg.model.name, "data": (getattr(model, "pretrained_cfg", {}) or {}).get("recurvit_data")}}
-    text = (json.dumps(config, indent=2) + "\n").encode()
-    weights = save({k: v.contiguous() for k, v in model.state_dict().items()})
-    with staged_dir(out) as tmp:
-        atomic_write(tmp / "config.json", lambda f: f.write(text), needed=len(text))
-        atomic_write(tmp / "model.safetensors", lambda f: f.write(weights), needed=len(weights))
-    return out
+    twin, args = _timm_twin(model, cfg)
+    data = (getattr(model, "pretrained_cfg", None) or {}).get("recurvit_data")
+    extra = {"label_names": twin.pretrained_cfg.get("label_names") or [],
+             "recurvit": {"model": cfg.model.name, "data": data}}
+    with staged_dir(Path(out)) as tmp:
+        save_for_hf(twin, tmp, model_config=extra, model_args=args, safe_serialization=True)
+    return Path(out)
 
 
 def is_hf_folder(path: Path) -> bool:
@@ -100,17 +115,69 @@ def read_hf(path: Path):
                         f"({first}); export the run again") from None
 
 
-def load_hf(path: Path):
-    """A folder written by :func:`export_hf`, as recurvit's model with its preprocessing."""
+def _recurvit_args(args: Dict[str, Any]) -> Dict[str, Any]:
+    """timm's ``model_args`` as recurvit's ``create_model`` keywords (timm writes a size as [H, W])."""
+    args = dict(args)
+    for key in ("img_size", "patch_size"):
+        if isinstance(args.get(key), (list, tuple)):
+            args[key] = int(args[key][0])
+    return args
+
+
+def load_hf(path: Path, **overrides):
+    """A folder written by :func:`export_hf`, as recurvit's model with its preprocessing; ``overrides`` are
+    core options to run it with (``core="ode"``, ``steps=24``), as for a run directory."""
     from safetensors.torch import load_file
 
     from ..models import create_model
+    from ..train.checkpoint import load_state
     from .preprocessing import pretrained_cfg
 
     config = json.loads((Path(path) / "config.json").read_text())
-    model = create_model(config["recurvit"]["model"], **config["model_args"])
-    model.load_state_dict(load_file(str(Path(path) / "model.safetensors")))
+    args = {**_recurvit_args(config["model_args"]), **{k: v for k, v in overrides.items() if v is not None}}
+    model = create_model(config["recurvit"]["model"], **args)
+    load_state(model, load_file(str(Path(path) / "model.safetensors")), path)
     data = config["recurvit"].get("data")
     if data:
         model.pretrained_cfg = pretrained_cfg(data, config["num_classes"])
+    return model.eval()
+
+
+SAFETENSORS_KEY = "recurvit"  # the safetensors header entry: {"model": preset, "model_args": ..., "data": ...}
+
+
+def safetensors_metadata(model, cfg) -> Dict[str, str]:
+    """What ``load_model(FILE.safetensors)`` needs to rebuild the model, as a safetensors header entry."""
+    data = (getattr(model, "pretrained_cfg", None) or {}).get("recurvit_data")
+    args = {**model_args(cfg), "core": model.cfg.core}
+    return {SAFETENSORS_KEY: json.dumps({"model": cfg.model.name, "model_args": args, "data": data})}
+
+
+def load_safetensors(path: Path, **overrides):
+    """A ``.safetensors`` file written by ``recurvit export --format safetensors`` (its header says which
+    model), or the ``model.safetensors`` of an exported folder (its ``config.json`` does)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from ..errors import UserError
+    from ..models import create_model
+    from ..train.checkpoint import load_state
+    from .preprocessing import pretrained_cfg
+
+    path = Path(path)
+    if is_hf_folder(path.parent) and path.name == "model.safetensors":
+        return load_hf(path.parent, **overrides)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = (f.metadata() or {}).get(SAFETENSORS_KEY)
+    except Exception as e:  # noqa: BLE001  (safetensors' errors are of several kinds)
+        raise UserError(f"cannot read {path}: not a safetensors file ({str(e).strip()[:120]})") from None
+    if not meta:
+        raise UserError(f"{path} does not say which model its weights are for (not written by recurvit export "
+                        "--format safetensors); build the model with recurvit.create_model and load_state_dict")
+    meta = json.loads(meta)
+    model = create_model(meta["model"], **{**meta["model_args"], **{k: v for k, v in overrides.items() if v is not None}})
+    load_state(model, load_file(str(path)), path)
+    if meta.get("data"):
+        model.pretrained_cfg = pretrained_cfg(meta["data"], model.cfg.num_classes)
     return model.eval()

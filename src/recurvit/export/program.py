@@ -5,13 +5,50 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
+import re
 from pathlib import Path
+from typing import Any, Dict
 
 import torch
 
 MAX_BATCH = 4096
 TOOLS = {"torch-export": "torch.export", "onnx": "torch.onnx.export"}
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+ONNX_KEY = "recurvit.preprocessing"  # the ONNX metadata entry: timm's data config keys, as JSON
+DATA_KEYS = ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of the innermost error, without terminal colour codes: torch.onnx wraps torch.export's
+    failure in a several-line banner ("This is step 1/3 ... Next steps:") whose first line says nothing."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    lines = [ln.strip() for ln in ANSI.sub("", str(e)).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def preprocessing(model) -> Dict[str, Any]:
+    """timm's data config of a model (its ``pretrained_cfg``) plus its class names, as stored in an export."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items() if k in DATA_KEYS}
+    return {**out, "label_names": list(cfg.get("label_names") or [])}
+
+
+def read_preprocessing(path: Path) -> Dict[str, Any]:
+    """The preprocessing an ONNX file exported by recurvit carries (``metadata_props``): pass it to
+    ``timm.data.resolve_data_config(args)`` to build the run's own eval transform."""
+    import onnx
+
+    from ..errors import UserError
+
+    props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    if ONNX_KEY not in props:
+        raise UserError(f"{path} carries no preprocessing (not exported by this recurvit); pass timm's --img-size "
+                        "--mean --std --crop-pct --interpolation by hand")
+    data = json.loads(props[ONNX_KEY])
+    return {k: tuple(v) if isinstance(v, list) and k != "label_names" else v for k, v in data.items()}
 
 
 def export_program(run: Path, out: Path, fmt: str = "torch-export") -> Path:
@@ -43,7 +80,7 @@ def export_program(run: Path, out: Path, fmt: str = "torch-export") -> Path:
             else:
                 program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
     except Exception as e:  # noqa: BLE001  (torch.export's failures are many kinds; each is one line here)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = _reason(e)
         hint = (" (a data-dependent check in the forward pass: the ODE core's solver, torchdiffeq, asserts on its "
                 "time grid)" if "data-dependent" in first else "")
         raise UserError(f"the {c.core_cls.describe(c)} core cannot be exported with {TOOLS[fmt]}: "
@@ -51,6 +88,7 @@ def export_program(run: Path, out: Path, fmt: str = "torch-export") -> Path:
     finally:
         logging.disable(logging.NOTSET)
     if fmt == "onnx":
+        program.model.metadata_props[ONNX_KEY] = json.dumps(preprocessing(model))
         return write_by_name(out, program.save)
     buf = io.BytesIO()  # in memory first: torch's own file writer aborts the process on a full disk
     torch.export.save(program, buf)

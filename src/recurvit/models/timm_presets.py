@@ -17,7 +17,15 @@ registered here: timm's own ones are that model.
 ``srvit_{tiny,small}_patch16_224``         SoftMoR (SR-ViT), 12 blocks, r = 2, ImageNet shape
 ``bvit_{tiny,small,base}_patch4_32``       the same at CIFAR-100's shape: 32 px, 4 px patches, 100 classes
 ``srvit_{tiny,small}_patch4_32``           (configs/cifar100/)
+``{bvit,srvit}_{tiny,small,base}_patchP_S``   any other shape: registered on first lookup (below)
 =========================================  ===========================================================
+
+Any name of the form ``FAMILY_SIZE_patchP_S`` (``bvit_tiny_patch4_8``: an 8-pixel input in 4-pixel
+patches) is a model timm finds: ``recurvit export --format hf`` names an export by its real shape, so
+``timm.create_model("local-dir:OUT")`` must find that name in a fresh process. timm's registry is a
+plain dict looked up with ``in`` / ``[]`` (``timm.models._registry``); :func:`install_shape_names`
+swaps it for a dict that registers such a name the first time it is asked for. ``timm.list_models()``
+lists the ten names above and every shape registered so far.
 
 Keyword arguments are recurvit's ``create_model`` overrides: ``steps``, ``core`` and the core's
 options (``core="ode", method="rk4"``, ``recursions=4``, ``step_cond="embed"``), ``num_classes``,
@@ -33,6 +41,7 @@ conv, classifier, class count) for timm's data pipeline. There are no weights to
 """
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 from functools import partial
 from typing import Any, Dict, Tuple
@@ -41,6 +50,7 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
+from .registry import TIMM_NAME, timm_classes
 from .registry import create_model as recurvit_create_model
 from .vit import VisionTransformer
 
@@ -110,9 +120,29 @@ def _build(preset: str, img_size: Any = None, patch_size: Any = None, drop_path_
 def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> VisionTransformer:
     preset, model_args = TIMM_PRESETS[variant]
     out_indices = kwargs.pop("out_indices", 3)  # features_only: the last 3 steps, as timm's ViT
-    return build_model_with_cfg(partial(_build, preset), variant, pretrained,
-                                feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-                                **dict(model_args, **kwargs))
+    model = build_model_with_cfg(partial(_build, preset), variant, pretrained,
+                                 feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+                                 **dict(model_args, **kwargs))
+    return _own_channels(model)
+
+
+def _own_channels(model):
+    """A model built with another channel count than its weights' source (``in_chans=3`` on an export of a
+    grey run, as timm's validate.py asks by default: timm adapts the patch embedding's convolution)
+    describes its own input in ``pretrained_cfg``, so ``resolve_data_config(model=m)`` feeds it that many
+    channels: grey images read as RGB give the grey model's logits. The mean / std of one channel are
+    repeated; of other counts, averaged."""
+    cfg, chans = getattr(model, "pretrained_cfg", None), getattr(getattr(model, "cfg", None), "in_chans", None)
+    if not cfg or not chans or tuple(cfg.get("input_size", ()))[:1] == (chans,):
+        return model
+    fit = {}
+    for key in ("mean", "std"):
+        values = tuple(cfg.get(key) or ())
+        if values and len(values) != chans:
+            fit[key] = values * chans if len(values) == 1 else (sum(values) / len(values),) * chans
+    model.pretrained_cfg = {**cfg, **fit, "input_size": (chans, *tuple(cfg["input_size"])[1:])}
+    model.default_cfg = model.pretrained_cfg
+    return model
 
 
 @register_model
@@ -163,3 +193,60 @@ def srvit_tiny_patch4_32(pretrained: bool = False, **kwargs) -> VisionTransforme
 @register_model
 def srvit_small_patch4_32(pretrained: bool = False, **kwargs) -> VisionTransformer:
     return _create("srvit_small_patch4_32", pretrained, **kwargs)
+
+
+def register_shape(name: str) -> bool:
+    """Register ``FAMILY_SIZE_patchP_S`` in timm (an entry point and its default cfg); False for another name."""
+    m = TIMM_NAME.match(name)
+    if not m or m[1] == "vit" or name in _REGISTERING:  # vit_*: timm's own names
+        return False
+    if name in TIMM_PRESETS:
+        return True
+    _REGISTERING.add(name)
+    try:
+        patch, img = int(m[3]), int(m[4])
+        TIMM_PRESETS[name] = (f"{m[1]}_{m[2]}", dict(patch_size=patch, img_size=img))
+        cfg = _cfg(num_classes=timm_classes(img), input_size=(3, img, img), crop_pct=0.875 if img >= 224 else 1.0,
+                   description=_describe(name).rsplit(",", 1)[0] + f", {img} px in {patch} px patches")
+        default_cfgs.update(generate_default_cfgs({name: cfg}))
+
+        def entry(pretrained: bool = False, **kwargs) -> VisionTransformer:
+            return _create(name, pretrained, **kwargs)
+
+        entry.__name__ = entry.__qualname__ = name
+        entry.__module__ = __name__
+        register_model(entry)
+        return True
+    finally:
+        _REGISTERING.discard(name)
+
+
+_REGISTERING: set = set()
+
+
+class _ShapeNames(dict):
+    """timm's entry-point table, answering for any recurvit shape name on its first lookup."""
+
+    def __contains__(self, name) -> bool:
+        return dict.__contains__(self, name) or (isinstance(name, str) and register_shape(name))
+
+    def __missing__(self, name):
+        if isinstance(name, str) and register_shape(name):
+            return dict.__getitem__(self, name)
+        raise KeyError(name)
+
+
+def install_shape_names() -> None:
+    try:
+        from timm.models import _registry
+    except ImportError:  # pragma: no cover  (a timm without that module: only the ten names above)
+        return
+    table = getattr(_registry, "_model_entrypoints", None)
+    if type(table) is dict:
+        _registry._model_entrypoints = _ShapeNames(table)
+    elif not isinstance(table, _ShapeNames):
+        warnings.warn("recurvit: timm's model registry has changed shape; exports of other shapes than the ten "
+                      "registered names will not load through timm", RuntimeWarning, stacklevel=2)
+
+
+install_shape_names()
