@@ -67,6 +67,7 @@ def test_the_run_configs_model_keys_are_the_model_configs_fields():
     assert create_model(cfg.model.name, **keys).cfg.mlp_ratio == 2.5
 
 
+@pytest.mark.slow  # builds the digits data set for --print-config
 def test_a_config_is_a_path_or_a_packaged_name_from_any_folder(tmp_path, monkeypatch, capsys):
     """Issue 41, item 3: `digits/bvit`, `digits/bvit.yaml` and the README's `configs/digits/bvit.yaml` name the
     packaged config from any folder; a file that exists is read as written; `recurvit configs` lists the names."""

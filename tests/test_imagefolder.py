@@ -37,6 +37,7 @@ def test_an_image_folder_is_read_at_its_own_size(tmp_path):
     assert build_datasets(DataConfig(name="imagefolder", root=str(small), img_size=16))[2].img_size == 16
 
 
+@pytest.mark.slow
 def test_model_img_size_alone_sizes_the_images(tmp_path, capsys):
     """model.img_size=16 alone trains at 16 px (it ended in a raw shape traceback); both given and
     different is one line."""
@@ -51,6 +52,7 @@ def test_model_img_size_alone_sizes_the_images(tmp_path, capsys):
     assert "model.img_size=16" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_run_whose_first_batches_predict_hours_stops(tmp_path, capsys, monkeypatch):
     from recurvit.analysis import budget
 
@@ -63,6 +65,7 @@ def test_a_run_whose_first_batches_predict_hours_stops(tmp_path, capsys, monkeyp
     assert main([*args, "--out", str(tmp_path / "forced"), "--force"]) == 0
 
 
+@pytest.mark.slow
 def test_predict_resizes_and_centre_crops_an_image_of_another_shape(tmp_path, capsys):
     """A 16x8 PNG for an 8 px digits run: its centre 8x8 is read (crop_pct 1.0, as timm's eval transform),
     where predict said "crop it square first"."""
