@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import shlex
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 from .errors import UserError
@@ -37,7 +40,7 @@ EXAMPLES = {  # shown at the end of each command's --help
               "recurvit train configs/fashion_mnist/crossroads/naive.yaml train.epochs=30 data.holdout=0.1",
               "recurvit train --resume runs/digits-bvit_tiny-20261201-120000 train.epochs=60"],
     "eval": ["recurvit eval RUN --steps 24", "recurvit eval ODE_RUN method=rk4 refine=2"],
-    "horizon": ["recurvit horizon RUN --max-steps 96 --out horizon/"],
+    "horizon": ["recurvit horizon RUN --steps 96 --out horizon/"],
     "flops": ["recurvit flops bvit_base", "recurvit flops bvit_tiny steps=24 --batch-size 64"],
     "match": ["recurvit match bvit_tiny --by params"],
     "study": ["recurvit study studies/fashion_plateau.yaml --workers 2",
@@ -47,10 +50,10 @@ EXAMPLES = {  # shown at the end of each command's --help
     "analyze": ["recurvit analyze RUN --steps 12"],
     "finetune": ["recurvit finetune RUN --data fashion_mnist --method step_lora --rank 4 train.epochs=5",
                  "recurvit finetune --resume FT_RUN"],
-    "exit": ["recurvit exit RUN --max-steps 24"],
+    "exit": ["recurvit exit RUN --steps 24"],
     "predict": ["recurvit predict RUN my_images/ --topk 3 --csv predictions.csv"],
     "configs": ["recurvit configs", "recurvit configs --json"],
-    "export": ["recurvit export RUN --format hf exported/", "recurvit export RUN --format onnx model.onnx"],
+    "export": ["recurvit export RUN --format hf --out exported/", "recurvit export RUN --format onnx --out model.onnx"],
 }
 
 
@@ -65,7 +68,30 @@ class _Parser(argparse.ArgumentParser):
 
 
 RESUMABLE = {"train": "recurvit train --resume RUN_DIR", "study": "the same recurvit study command",
-             "vae": "recurvit vae train --resume RUN_DIR", "finetune": "recurvit finetune --resume FT_RUN_DIR"}  # commands whose interrupted work can continue
+             "vae": "recurvit vae train --resume RUN_DIR", "finetune": "recurvit finetune --resume RUN_DIR"}  # commands whose interrupted work can continue
+
+
+def _resume_hint(command: str) -> str:
+    """How to continue an interrupted command, naming the run directory it had opened (none opened: nothing
+    to continue, for a command that works in one)."""
+    again = RESUMABLE.get(command)
+    if not again or "RUN_DIR" not in again:
+        return f"; continue with {again}" if again else ""
+    rundir = sys.modules.get("recurvit.train.rundir")
+    run = getattr(getattr(rundir, "RunDir", None), "current", None)
+    return f"; continue with {again.replace('RUN_DIR', shlex.quote(str(run)))}" if run else ""
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout's reader went away (``recurvit predict ... | head``): no traceback, and nothing more written
+    (stdout goes to /dev/null, so Python's flush at exit fails silently too); the exit status is 141, a
+    process ended by SIGPIPE, as ``yes | head`` gives."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if len(extra) == 1 and getattr(args, "out_positional", "-") is None and not extra[0].startswith("-"):
+        args.out_positional = Path(extra[0])  # `export RUN --format hf OUT`: the old positional OUT after an option
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
@@ -94,9 +124,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
     except KeyboardInterrupt:
-        again = RESUMABLE.get(args.command)
-        print("interrupted" + (f"; continue with {again}" if again else ""), file=sys.stderr)
+        print("interrupted" + _resume_hint(args.command), file=sys.stderr)
         return 130
 
 

@@ -93,26 +93,69 @@ def _transform(cfg: Dict[str, Any]):
     return tensor
 
 
+def _as_pil(x: torch.Tensor):
+    """A uint8 (C, H, W) image tensor as a PIL image (read then as a file of it would be)."""
+    from PIL import Image
+
+    if x.ndim != 3 or x.shape[0] not in (1, 3):
+        raise UserError(f"an image tensor must be (C, H, W) with 1 or 3 channels, got {tuple(x.shape)}")
+    arr = x.permute(1, 2, 0).cpu().numpy()
+    return Image.fromarray(arr[..., 0] if arr.shape[-1] == 1 else arr)
+
+
+def gather(images: Any, names: Optional[Sequence[str]] = None) -> Tuple[List[str], List[Any]]:
+    """(names, images) of what :func:`predict` takes: a path (file or folder), a PIL image, a tensor, or a
+    list of these. A folder gives its image files (recursively, sorted); a uint8 tensor (C, H, W) or
+    (B, C, H, W) holds raw images (preprocessed as their PNGs would be); a floating-point tensor is the
+    model's input, already preprocessed, used as it is."""
+    if isinstance(images, torch.Tensor):
+        if images.ndim not in (3, 4):
+            raise UserError(f"an image tensor must be (C, H, W) or (B, C, H, W), got {tuple(images.shape)}")
+        images = list(images[None] if images.ndim == 3 else images)
+    elif isinstance(images, (str, Path)) or not isinstance(images, Iterable) or hasattr(images, "getbands"):
+        images = [images]  # one path or one PIL image (a string is never iterated character by character)
+    out_names, out = [], []
+    for i, im in enumerate(images):
+        if isinstance(im, (str, Path)):
+            pairs, bad = read_images(image_files([im]))
+            if bad:
+                raise UserError(f"cannot read {bad[0][0]}: {bad[0][1]}")
+            if not pairs:
+                raise UserError(f"no images in {im} (looked for {', '.join(IMAGE_SUFFIXES)})")
+            out_names += [n for n, _ in pairs]
+            out += [x for _, x in pairs]
+        elif isinstance(im, torch.Tensor) or hasattr(im, "getbands"):  # a tensor or a PIL image
+            out_names.append(f"image {i}")
+            out.append(_as_pil(im) if isinstance(im, torch.Tensor) and im.dtype == torch.uint8 else im)
+        else:
+            raise UserError(f"cannot predict on a {type(im).__name__}: give paths, folders, PIL images or tensors")
+    if names is not None:
+        if len(names) != len(out):
+            raise UserError(f"{len(names)} names for {len(out)} images")
+        out_names = list(names)
+    return out_names, out
+
+
 @torch.no_grad()
-def predict(model: torch.nn.Module, images: Sequence[Any], topk: int = 5, steps: Optional[int] = None,
+def predict(model: torch.nn.Module, images: Any, topk: int = 5, steps: Optional[int] = None,
             batch_size: int = 64, names: Optional[Sequence[str]] = None) -> List[Prediction]:
-    """Class names and probabilities for PIL images (or paths to image files), with the run's own
-    preprocessing (``model.pretrained_cfg``, set by ``recurvit.load_model``); ``steps``: run K steps.
-    A dense run's model (logits (B, C, H, W): mazes) gives each image's predicted mask instead
-    (``Prediction.mask``), one image a pass (mazes of several sizes)."""
+    """Class names and probabilities with the run's own preprocessing (``model.pretrained_cfg``, set by
+    ``recurvit.load_model``); ``steps``: run K steps. ``images``: a path to an image or a folder of images,
+    a PIL image, a tensor (uint8: raw images; float: the model's input as is), or a list of any of these
+    (see :func:`gather`). A dense run's model (logits (B, C, H, W): mazes) gives each image's predicted
+    mask instead (``Prediction.mask``), one image a pass (mazes of several sizes)."""
     if topk < 1:
         raise UserError(f"--topk must be >= 1, got {topk}")
     if batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {batch_size}")
     cfg = getattr(model, "pretrained_cfg", None) or {}
-    tf = _transform(cfg)
+    names, images = gather(images, names)
+    own = _transform(cfg) if any(not isinstance(im, torch.Tensor) for im in images) else None
+
+    def tf(im):
+        return im if isinstance(im, torch.Tensor) else own(im)
+
     labels = list(cfg.get("label_names") or [])
-    if any(isinstance(im, (str, Path)) for im in images):
-        pairs, bad = read_images(Path(im) for im in images)
-        if bad:
-            raise UserError(f"cannot read {bad[0][0]}: {bad[0][1]}")
-        names, images = [n for n, _ in pairs], [im for _, im in pairs]
-    names = list(names) if names is not None else [f"image {i}" for i in range(len(images))]
     device = next(model.parameters()).device
     model.eval()
     out: List[Prediction] = []

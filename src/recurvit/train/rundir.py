@@ -55,8 +55,12 @@ def write_atomic(path: Path, text: str) -> None:
 class RunDir:
     """Owner of one run directory for the life of a run (a context manager)."""
 
+    current: Optional[Path] = None  # the run directory this process last opened as owner (the interrupt message)
+
     def __init__(self, path: Path, created: bool, owner: bool = True):
         self.path = Path(path)
+        if owner:
+            RunDir.current = self.path
         self.created = created  # this process made the directory (it may remove it on failure)
         self.owner = owner
         self._lock_fd: Optional[int] = None
