@@ -260,7 +260,7 @@ def tiny_run(tmp_path_factory):
 def test_analyze_cli_writes_every_output(tiny_run, tmp_path, capsys):
     capsys.readouterr()
     out = tmp_path / "an"
-    assert main(["analyze", str(tiny_run), "--images", "40", "--out", str(out), "--json"]) == 0
+    assert main(["analyze", str(tiny_run), "--num-images", "40", "--out", str(out), "--json"]) == 0
     s = json.loads(capsys.readouterr().out)
     names = {"steps.csv", "steps.png", "attention.csv", "attention.png", "cka_tokens.csv", "cka_pooled.csv",
              "cka.png", "pruning_heads.csv", "pruning_mlp.csv", "pruning_skip.csv", "pruning.png", "summary.json"}
@@ -275,7 +275,7 @@ def test_analyze_cli_writes_every_output(tiny_run, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,needle", [
     (["--what", "readout,bogus"], "--what takes"),
-    (["--images", "0"], "--images must be"),
+    (["--num-images", "0"], "--num-images must be"),
     (["--steps", "0"], "steps must be >= 1"),
 ])
 def test_analyze_cli_errors(tiny_run, capsys, argv, needle):

@@ -190,7 +190,7 @@ def tiny_runs(tmp_path_factory):
 def test_exit_command_writes_csv_png_and_json(tiny_runs, tmp_path, capsys):
     run = tiny_runs / "ds3__seed=0"
     capsys.readouterr()
-    assert main(["exit", str(run), "--max-steps", "5", "--min-steps", "2", "--out", str(tmp_path), "--json"]) == 0
+    assert main(["exit", str(run), "--steps", "5", "--min-steps", "2", "--out", str(tmp_path), "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["trained_steps"] == 3 and res["max_steps"] == 5 and res["criterion"] == "kl"
     t = res["test"]
@@ -235,10 +235,10 @@ def test_exit_command_bad_input_is_one_line_and_exit_2(tiny_runs, tmp_path, caps
         with pytest.raises(SystemExit) as e:
             main(["exit", run, *argv])
         assert e.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
-    for argv, msg in ((["--max-steps", "0"], "--max-steps must be >= 1"), (["--min-steps", "0"], "--min-steps"),
+    for argv, msg in ((["--steps", "0"], "--steps must be >= 1"), (["--min-steps", "0"], "--min-steps"),
                       (["--step-budget", "0"], "--step-budget must be > 0"),
                       (["--step-budget", "7"], "allows every exit"),
-                      (["--max-steps", "2", "--min-steps", "3"], "min_steps must be in")):
+                      (["--steps", "2", "--min-steps", "3"], "min_steps must be in")):
         assert main(["exit", run, *argv, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and msg in err[0]

@@ -45,7 +45,7 @@ def _fails(capsys, argv, needle):
     (["train", "model.name=vit_tiny", "model.step_cond=embed"], "does not apply to the stack core"),
     (["train", "model.depth=3"], "ONE shared block"),
     (["train", "model.name=vit_tiny", "model.core=ode"], "ONE shared block"),
-    (["horizon", "/nonexistent/run", "--max-steps", "0"], "--max-steps must be >= 1"),
+    (["horizon", "/nonexistent/run", "--steps", "0"], "--steps must be >= 1"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, needle, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -62,7 +62,7 @@ def test_train_eval_horizon_and_corrupt_checkpoint(run_dir, tmp_path, capsys):
     assert main(["eval", str(run_dir), "--steps", "5", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 5
     _fails(capsys, ["eval", str(run_dir), "--steps", "0"], "--steps must be >= 1")
-    assert main(["horizon", str(run_dir), "--max-steps", "6", "--json"]) == 0
+    assert main(["horizon", str(run_dir), "--steps", "6", "--json"]) == 0
     h = json.loads(capsys.readouterr().out)
     assert h["acc_T"] is not None and len(h["sweep"]["accuracy"]) == 6
     assert (run_dir / "horizon.csv").read_text().splitlines()[0] == "step,accuracy,loss,rel_change"

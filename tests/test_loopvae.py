@@ -261,8 +261,8 @@ def test_cli_train_eval_intervene_profile_on_digits(tmp_path, capsys):
     assert len(rows) == 3 + 2 * 2 * 2 and (run / "intervene.png").is_file()
     capsys.readouterr()
 
-    out = tmp_path / "profile.csv"
-    assert main(["vae", "profile", str(run), "--batch-size", "2", "--repeats", "1", "--out", str(out), "--json"]) == 0
+    out = tmp_path / "profile" / "vae_profile.csv"
+    assert main(["vae", "profile", str(run), "--batch-size", "2", "--repeats", "1", "--out", str(out.parent), "--json"]) == 0
     prof = {r["model"]: r for r in csv.DictReader(open(out))}
     assert set(prof) == {f"{v}_{op}" for v in ("loopvae", "unshared", "matched") for op in ("conv", "transformer")}
     assert prof["loopvae_conv"]["flops_forward"] == prof["unshared_conv"]["flops_forward"]

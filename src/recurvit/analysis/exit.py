@@ -58,7 +58,7 @@ def calibrated_exits(model: nn.Module, cfg, device: torch.device, criteria: Sequ
     # a stack's readouts after every block are trained by per-block heads or by deep supervision at every block
     readouts = has_step_readouts(model) or cfg.train.supervision.stages >= T
     K, m = plan_steps(model, max_steps, min_steps, readouts)
-    note = (f"this {model.cfg.core} model runs at most {K} steps; --max-steps capped"
+    note = (f"this {model.cfg.core} model runs at most {K} steps; --steps capped"
             if max_steps is not None and K < max_steps else None)
     amp = cfg.train.amp
     train_set, test_set, _ = build_datasets(replace(cfg.data, holdout=0.0))  # the whole training split

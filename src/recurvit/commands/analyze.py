@@ -1,10 +1,10 @@
-"""recurvit analyze RUN_DIR [--what readout,norms,attention,cka,pruning] [--images N] [--out DIR] [--json]"""
+"""recurvit analyze RUN_DIR [--what readout,norms,attention,cka,pruning] [--num-images N] [--out DIR] [--json]"""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from . import add_device_arg, add_force_arg, open_trained, print_json
+from . import DeprecatedOption, add_device_arg, add_force_arg, open_trained, print_json
 
 
 def add_parser(sub):
@@ -22,7 +22,8 @@ def add_parser(sub):
     p.add_argument("run", type=Path, help="run directory or checkpoint (finetuned runs included)")
     p.add_argument("--what", default="readout,norms,attention,cka,pruning",
                    help="comma-separated subset of readout,norms,attention,cka,pruning (default: all)")
-    p.add_argument("--images", type=int, default=512, help="test images used (a fixed random subset; default 512)")
+    p.add_argument("--num-images", type=int, default=512, help="test images used (a fixed random subset; default 512)")
+    p.add_argument("--images", dest="num_images", type=int, action=DeprecatedOption, new="--num-images")
     p.add_argument("--steps", type=int, help="steps to run (default: the trained depth)")
     p.add_argument("--mlp-slices", type=int, help="MLP hidden units cut into this many slices (default: heads)")
     p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default 256)")
@@ -46,8 +47,8 @@ def run(args) -> int:
     bad = [w for w in what if w not in ANALYSES]
     if bad or not what:
         raise UserError(f"--what takes a comma-separated subset of {','.join(ANALYSES)}; got '{args.what}'")
-    if args.images < 1:
-        raise UserError(f"--images must be >= 1, got {args.images}")
+    if args.num_images < 1:
+        raise UserError(f"--num-images must be >= 1, got {args.num_images}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     model, cfg, device, test_loader, _ = open_trained(args)
@@ -59,7 +60,7 @@ def run(args) -> int:
     if args.mlp_slices is not None and not 1 <= args.mlp_slices <= model.blocks[0].mlp.fc1.out_features:
         raise UserError(f"--mlp-slices must be in 1..{model.blocks[0].mlp.fc1.out_features}, got {args.mlp_slices}")
     test_set = test_loader.dataset
-    n = min(args.images, len(test_set))
+    n = min(args.num_images, len(test_set))
     idx = torch.randperm(len(test_set), generator=torch.Generator().manual_seed(0))[:n].sort().values
     items = [test_set[int(i)] for i in idx]
     xs = torch.stack([x for x, _ in items])

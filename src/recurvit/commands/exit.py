@@ -1,10 +1,10 @@
-"""recurvit exit RUN [--criterion C] [--max-steps K] [--min-steps M] [--target-drop P | --step-budget F] [--json]"""
+"""recurvit exit RUN [--criterion C] [--steps K] [--min-steps M] [--target-drop P | --step-budget F] [--json]"""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from . import add_device_arg, add_force_arg, open_trained, print_json
+from . import DeprecatedOption, add_device_arg, add_force_arg, open_trained, print_json
 
 
 CRITERIA = ("kl", "entropy", "max_prob", "state")  # models.adaptive.CRITERIA (a test keeps them equal); no torch
@@ -26,7 +26,8 @@ def add_parser(sub):
     p.add_argument("--criterion", default="kl", choices=CRITERIA,
                    help="kl: KL of consecutive predictions <= t (default); entropy <= t; max_prob >= t; "
                         "state: ||z_k - z_k-1|| / ||z_k-1|| <= t")
-    p.add_argument("--max-steps", type=int, metavar="K",
+    p.add_argument("--max-steps", dest="steps", type=int, action=DeprecatedOption, new="--steps")
+    p.add_argument("--steps", type=int, metavar="K",
                    help="steps an image may run (default T; above T hard images run past the training horizon; "
                         "a stack caps at its depth)")
     p.add_argument("--min-steps", type=int, default=1, metavar="M", help="steps every image runs (default 1)")
@@ -50,8 +51,8 @@ def add_parser(sub):
 def _check(args) -> None:
     from ..errors import UserError
 
-    if args.max_steps is not None and args.max_steps < 1:
-        raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.steps is not None and args.steps < 1:
+        raise UserError(f"--steps must be >= 1, got {args.steps}")
     if args.min_steps < 1:
         raise UserError(f"--min-steps must be >= 1, got {args.min_steps}")
     if args.target_drop is not None and not args.target_drop >= 0:
@@ -71,12 +72,12 @@ def run(args) -> int:
 
     _check(args)
     model, cfg, device, _, _ = open_trained(args)
-    most = (args.max_steps or model.nominal_steps) / model.nominal_steps  # the most steps an exit can take, x T
+    most = (args.steps or model.nominal_steps) / model.nominal_steps  # the most steps an exit can take, x T
     if args.step_budget is not None and args.step_budget >= most:  # every threshold meets it: nothing is asked
         raise UserError(f"--step-budget {args.step_budget:g} x T allows every exit (at most {most:g} x T steps run); "
                         "give a fraction below that, e.g. 0.6")
     try:
-        res = calibrated_exit(model, cfg, device, args.criterion, args.max_steps, args.min_steps, args.target_drop,
+        res = calibrated_exit(model, cfg, device, args.criterion, args.steps, args.min_steps, args.target_drop,
                               args.step_budget, args.batch_size, args.time_batches, force=args.force)
     except ValueError as e:
         raise UserError(str(e)) from None

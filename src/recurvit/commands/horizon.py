@@ -1,9 +1,9 @@
-"""recurvit horizon RUN_DIR [--max-steps K] [--json]"""
+"""recurvit horizon RUN_DIR [--steps K] [--json]"""
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import add_device_arg, add_force_arg, check_cost, open_trained, print_json
+from . import DeprecatedOption, add_device_arg, add_force_arg, check_cost, open_trained, print_json
 
 
 def add_parser(sub):
@@ -12,8 +12,9 @@ def add_parser(sub):
                                    "run directory, in one pass of K block applications, and reports accuracy at "
                                    "T, 2T, 4T, 8T and 16T, the mean over T..4T and the data set's chance level.")
     p.add_argument("run", type=Path, help="run directory or checkpoint file")
-    p.add_argument("--max-steps", type=int, metavar="K",
+    p.add_argument("--steps", type=int, metavar="K",
                    help="steps to sweep (default 16T; a stack or SoftMoR model stops at its depth)")
+    p.add_argument("--max-steps", dest="steps", type=int, action=DeprecatedOption, new="--steps")
     p.add_argument("--out", type=Path, help="directory for horizon.csv / horizon.png (default: the run directory)")
     p.add_argument("--data-root", help="where the run's data set lives now (overrides data.root)")
     add_force_arg(p)
@@ -27,12 +28,12 @@ def run(args) -> int:
     from ..errors import UserError
     from ..train.outputs import output_dir
 
-    if args.max_steps is not None and args.max_steps < 1:
-        raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
+    if args.steps is not None and args.steps < 1:
+        raise UserError(f"--steps must be >= 1, got {args.steps}")
     model, cfg, device, test_loader, info = open_trained(args)
     out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))  # before the work
     T = model.nominal_steps
-    K = args.max_steps or 16 * T
+    K = args.steps or 16 * T
     note = None
     if model.core.limit is not None and K > model.core.limit:
         note = f"this {model.cfg.core} model runs at most {model.core.limit} steps; K capped"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from . import add_device_arg, add_force_arg, config_and_overrides, launch_processes, load_run_config, print_json
+from . import DeprecatedOption, add_device_arg, deprecated, add_force_arg, config_and_overrides, launch_processes, load_run_config, print_json
 
 
 def _ints(text: str, what: str, minimum: int = 0):
@@ -101,7 +101,8 @@ def add_parser(sub):
     f.add_argument("--repeats", type=int, default=5, help="timed batches; the fastest is reported (default 5)")
     add_device_arg(f)
     f.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
-    f.add_argument("--out", type=Path, default=Path("vae_profile.csv"), help="CSV file (default vae_profile.csv)")
+    f.add_argument("--out", type=Path, help="folder for vae_profile.csv (default: the RUN_DIR given, else "
+                                            "runs/vae_profile-<time>; never the current folder)")
     f.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
@@ -112,7 +113,8 @@ def _run_opts(p, loops: bool = True):
         p.add_argument("--enc-loops", help="encoder loops per scale (overrides --loops)")
         p.add_argument("--dec-loops", help="decoder loops per scale (overrides --loops)")
     p.add_argument("--data-root", help="override data.root (data moved since training)")
-    p.add_argument("--images", type=int, help="evaluate on at most this many test images")
+    p.add_argument("--num-images", type=int, help="evaluate on at most this many test images")
+    p.add_argument("--images", dest="num_images", type=int, action=DeprecatedOption, new="--num-images")
     add_force_arg(p)
     add_device_arg(p)
 
@@ -163,8 +165,8 @@ def _setup(args):
     model, cfg, _ = load_vae_run(args.run)
     if args.data_root:
         cfg.data.root = args.data_root
-    if args.images is not None:
-        cfg.data.max_test = args.images
+    if args.num_images is not None:
+        cfg.data.max_test = args.num_images
     device = pick_device(args.device)
     model.to(device)
     train_set, test_set, _ = build_vae_datasets(cfg.data, cfg.train.seed)
@@ -263,6 +265,22 @@ def _intervene(args) -> int:
     return 0
 
 
+def _profile_csv(out, target) -> Path:
+    """Where ``vae profile`` writes: OUT/vae_profile.csv; OUT defaults to the run directory profiled, else a
+    new runs/vae_profile-<time> (an --out ending in .csv, the old spelling, is that file, with a note)."""
+    import time
+
+    from ..train.outputs import output_dir
+
+    if out is not None and Path(out).suffix == ".csv":
+        deprecated("--out FILE.csv", f"--out {Path(out).parent} (a folder; the file is vae_profile.csv)")
+        return output_dir(Path(out).parent) / Path(out).name
+    if out is None:
+        out = Path(target) if target is not None and Path(target).is_dir() else \
+            Path("runs") / f"vae_profile-{time.strftime('%Y%m%d-%H%M%S')}"
+    return output_dir(Path(out)) / "vae_profile.csv"
+
+
 def _profile(args) -> int:
     import torch
 
@@ -293,8 +311,7 @@ def _profile(args) -> int:
     rows = profile_models(cfg, operators, matched=not args.no_matched, batch=args.batch_size, repeats=args.repeats, device=args.device)
     from ..train.outputs import output_dir
 
-    output_dir(args.out.parent)
-    path = write_csv(rows, args.out)
+    path = write_csv(rows, _profile_csv(args.out, target))
     if args.json:
         print_json({"csv": str(path), "rows": rows})
     else:
