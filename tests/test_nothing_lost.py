@@ -296,7 +296,7 @@ def test_more_bad_inputs_are_one_line(trained, tmp_path, capsys, monkeypatch):
     cases = [
         (["train", *TINY, "train.epochs=1", "model.num_classes=5"], "model.num_classes=5 but digits has 10"),
         (["train", *TINY, "train.epochs=1", "model.in_chans=3"], "model.in_chans=3 but digits has 1-channel"),
-        (["train", *TINY, "train.epochs=1", "model.img_size=16"], "set data.img_size=16"),
+        (["train", *TINY, "train.epochs=1", "model.img_size=16", "data.img_size=8"], "set data.img_size=16"),
         (["train", *TINY, "train.epochs=1", "data.holdout=0.9999"], "holds out all"),
         (["eval", trained, "steps=!!python/object/apply:os.system"], "not plain YAML"),
         (["match", "loopvae_conv", "--by", "params"], "not a vision transformer with a core"),

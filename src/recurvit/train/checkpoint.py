@@ -193,6 +193,15 @@ def resolve_checkpoint(path: str | Path, prefer: str = "best.pt") -> Path:
     return p
 
 
+def _zip_start(p: Path) -> bool:
+    """Whether the file begins as a zip archive does (a torch.save file cut short keeps its first bytes)."""
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
 def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Dict[str, Any]:
     p = Path(path)
     try:
@@ -201,7 +210,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> Dict[str, An
         raise UserError(f"checkpoint not found: {p}") from None
     except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, KeyError,
             IndexError, TypeError, AttributeError) as e:  # the unpickler fails on junk in many ways
-        if not zipfile.is_zipfile(p):  # random bytes, an ONNX file, text: not a torch.save archive at all
+        if not zipfile.is_zipfile(p) and not _zip_start(p):  # random bytes, ONNX, text: not a torch.save archive
             raise UserError(f"cannot read checkpoint {p}: it is not a file written by torch.save (a zip archive); "
                             "give a run directory or its last.pt / best.pt") from None
         if isinstance(e, pickle.UnpicklingError) and "weights only load failed" in str(e).lower():
