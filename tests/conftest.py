@@ -75,6 +75,31 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models: one intra-op thread is fastest and immune to a busy machine's thread contention
+    (a module takes it for all its tests with ``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def fails_in_one_line(capsys, argv, *needles) -> str:
+    """Run ``recurvit ARGV`` in-process: it must exit 2 with one error line (no traceback) that holds
+    every needle; returns the line."""
+    from recurvit.cli import main
+
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, (code, err)
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
 # a tiny shape shared by the model tests: 16x16 RGB, 4x4 patches, width 48
 TINY = dict(img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=48, num_heads=3)
 

@@ -30,11 +30,8 @@ QUIET = dict(log=lambda *a: None)
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Tiny models: one intra-op thread (conftest.one_thread)."""
 
 
 def _rows(run):

@@ -78,11 +78,8 @@ claims:
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Tiny models: one intra-op thread (conftest.one_thread)."""
 
 
 def test_the_columns_read_a_sweep_and_choose_on_validation():

@@ -26,12 +26,8 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
                                 reason="torch.distributed with the gloo backend is not available")
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is fastest and immune to a busy machine's thread contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Tiny models: one intra-op thread (conftest.one_thread)."""
 
 
 SMALL = ["model.name=bvit_tiny", "model.embed_dim=48", "model.num_heads=3", "model.steps=3", "model.patch_size=4",

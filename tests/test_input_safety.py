@@ -10,6 +10,7 @@ import os
 import shutil
 
 import pytest
+from conftest import fails_in_one_line
 import torch
 from PIL import Image
 
@@ -23,16 +24,7 @@ from recurvit.train.rundir import RunDir, write_atomic
 TINY = ["model.embed_dim=24", "model.num_heads=2", "model.steps=2", "train.batch_size=256", "train.progress=false"]
 
 
-def _fails(capsys, argv, *needles) -> str:
-    capsys.readouterr()
-    code = main([str(a) for a in argv])
-    out = capsys.readouterr()
-    err = out.err.strip()
-    assert code == 2, (code, err)
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
+_fails = fails_in_one_line
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import fails_in_one_line
 import torch
 
 from recurvit.cli import main
@@ -26,14 +27,7 @@ def _cli(capsys, argv) -> tuple:
     return code, capsys.readouterr()
 
 
-def _fails(capsys, argv, *needles) -> str:
-    code, out = _cli(capsys, argv)
-    err = out.err.strip()
-    assert code == 2, (code, err)
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
+_fails = fails_in_one_line
 
 
 @pytest.fixture(scope="module")

@@ -21,12 +21,8 @@ from recurvit.train.optim import build_optimizer
 from conftest import TINY
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is fastest and immune to a busy machine's thread contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """Tiny models: one intra-op thread (conftest.one_thread)."""
 
 
 VIT_FAMILY = [n for n in list_models() if isinstance(model_config(n), ViTConfig)]
