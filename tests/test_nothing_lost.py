@@ -353,3 +353,15 @@ def test_random_depth_deeper_than_a_stack_is_refused(tmp_path, capsys):
     vit = ["model.name=vit_tiny", "model.depth=2", "train.depth.schedule=uniform", "train.epochs=1"]
     _fails(capsys, ["train", *TINY, *vit, "train.depth.max_steps=12", "--out", tmp_path / "r"],
            "train.depth.max_steps=12 but this model runs at most 2 steps")
+
+
+@pytest.mark.parametrize("grid, needle", [
+    ("  train.seed: [abc]\n", "train.seed: Value 'abc'"),
+    ("  regime:\n    a: {model.embed_dim: wide}\n", "model.embed_dim"),
+])
+def test_a_study_with_a_bad_value_is_refused_when_it_is_read(tmp_path, capsys, grid, needle):
+    """A grid value its config cannot take was found only when that run started (after the others had
+    trained); the study file is now refused in one line before anything runs."""
+    (tmp_path / "s.yaml").write_text(f"name: bad\nbase: digits/bvit\ngrid:\n{grid}results: res\n")
+    fails_in_one_line(capsys, ["study", tmp_path / "s.yaml", "--out", tmp_path / "runs"], needle, "run ")
+    assert not (tmp_path / "runs").exists()

@@ -87,6 +87,7 @@ TOP_KEYS = ("name", "task", "base", "from", "overrides", "grid", "eval", "report
 REGISTRATION_KEYS = ("n", "seeds", "checkpoint", "budget")
 REPORT_KEYS = ("compare", "frontier")
 LABEL = re.compile(r"[A-Za-z0-9_.+-]+")
+CHECKED_RUNS = 500  # grid points whose config is read when the study file is (the rest at run time)
 MAX_RUNS = 10_000  # a grid larger than this is a mistake (a typo in an axis), not a study
 
 
@@ -212,6 +213,12 @@ def load_study(path: str | Path) -> Study:
         raise UserError(f"study file {p}: grid has no axis; give at least one (e.g. train.seed: [0, 1, 2])")
     study.registration = _registration(raw.get("registration"), p, axes)
     study.runs = expand(study) if source is None else _expand_from(study, source)
+    check_run = getattr(STUDIES[task], "check_run", None)
+    for spec in study.runs[:CHECKED_RUNS] if check_run is not None else ():  # a bad value: one line now, not
+        try:                                                                 # a failed run after hours of others
+            check_run(str(spec.base or study.base), spec.overrides)
+        except UserError as e:
+            raise UserError(f"study file {p}: run {spec.run_id}: {e}") from None
     study.claims = load_claims(p, {axis: [lbl for lbl, _ in variants] for axis, variants in axes}, study.results)
     labels = {lbl for _, variants in axes for lbl, _ in variants}
     unknown = sorted({x for pair in compare for x in pair} - labels)

@@ -32,6 +32,13 @@ CONTRAST = (ACC_KEYS, 100.0, "points")  # figures a comparison reads, their scal
 
 
 # ------------------------------------------------------------------------------- one run's row
+def check_run(base: str, overrides: List[str]) -> None:
+    """A grid point's config, read when the study file is (a bad value is one line before any run trains)."""
+    from ..config import load_config
+
+    load_config(base, overrides)
+
+
 def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
         threads: Optional[int] = None) -> Dict[str, Any]:
     """Train (or resume) the run, then run the evaluators of ``eval_spec`` ({name: options},

@@ -28,6 +28,7 @@ from ..study.grouping import table
 from ..study.plateau import plateau_change, plateau_per_seed, plateau_summary
 from ..study.stats import fmt_ci, mean_ci
 from ..study.workers import run_config, train_in_processes
+from .classify_study import check_run  # noqa: F401  (a maze run's config is a run config too)
 from .dense_eval import EVALUATORS, RUN_COLUMNS, size_columns  # noqa: F401  (EVALUATORS: the study's table)
 
 name = "dense"

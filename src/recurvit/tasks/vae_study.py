@@ -28,6 +28,13 @@ ACC_HEAD: Dict[str, str] = {}
 
 
 # ------------------------------------------------------------------------------- one run's row
+def check_run(base: str, overrides: List[str]) -> None:
+    """A grid point's config, read when the study file is (a bad value is one line before any run trains)."""
+    from ..vae.config import load_vae_config
+
+    load_vae_config(base, overrides)
+
+
 def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
             threads: Optional[int] = None) -> Dict[str, Any]:
     import torch
