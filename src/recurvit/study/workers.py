@@ -65,9 +65,27 @@ def in_processes(run: Callable[[Dict[str, Any]], Dict[str, Any]], todo: List[Dic
                     res = {"run_id": Path(kw["out"]).name, **kw["labels"], "error": msg}
                 ex.shutdown(wait=False)
                 yield res
+    except BaseException:  # Ctrl-C or a signal to the study process alone: its workers stop too, at once
+        interrupt_workers([ex for ex, _ in running.values()])
+        raise
     finally:
         for ex, _ in running.values():
             ex.shutdown(wait=False, cancel_futures=True)
+
+
+def interrupt_workers(executors) -> None:
+    """SIGINT to the worker process of each executor: its run stops as on Ctrl-C (last.pt stays the last
+    whole epoch's; the study resumes it). A terminal's Ctrl-C reaches the workers by itself; a signal sent
+    to the study process alone (``kill -INT PID``, a scheduler) left it waiting for every running run to
+    finish, hours later."""
+    import signal
+
+    for ex in executors:
+        for proc in list((getattr(ex, "_processes", None) or {}).values()):
+            try:
+                os.kill(proc.pid, signal.SIGINT)
+            except OSError:
+                pass
 
 
 def stop_with_parent(parent: int, every_s: float = 1.0) -> None:
