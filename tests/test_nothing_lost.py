@@ -358,6 +358,7 @@ def test_random_depth_deeper_than_a_stack_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("grid, needle", [
     ("  train.seed: [abc]\n", "train.seed: Value 'abc'"),
     ("  regime:\n    a: {model.embed_dim: wide}\n", "model.embed_dim"),
+    ("  regime:\n    a: {base: vae/digits}\n", "is a LoopVAE tokenizer, not a classifier"),
 ])
 def test_a_study_with_a_bad_value_is_refused_when_it_is_read(tmp_path, capsys, grid, needle):
     """A grid value its config cannot take was found only when that run started (after the others had

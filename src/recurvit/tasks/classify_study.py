@@ -35,8 +35,14 @@ CONTRAST = (ACC_KEYS, 100.0, "points")  # figures a comparison reads, their scal
 def check_run(base: str, overrides: List[str]) -> None:
     """A grid point's config, read when the study file is (a bad value is one line before any run trains)."""
     from ..config import load_config
+    from ..errors import UserError
+    from ..models.loopvae_config import LoopVAEConfig
+    from ..models.registry import model_config
 
-    load_config(base, overrides)
+    cfg = load_config(base, overrides)
+    if isinstance(model_config(cfg.model.name), LoopVAEConfig):  # a VAE base in a classification study
+        raise UserError(f"model {cfg.model.name} is a LoopVAE tokenizer, not a classifier: a study of it says "
+                        "task: vae")
 
 
 def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
