@@ -362,19 +362,22 @@ def test_a_warmup_longer_than_training_says_so_in_one_line(tmp_path):
     assert len(notes) == 1 and "train.warmup_epochs=2 >= train.epochs=2" in notes[0]
 
 
-def test_an_image_folder_with_one_class_is_refused(tmp_path):
+def test_an_image_folder_with_one_class_is_refused_by_a_classifier_not_by_a_vae(tmp_path, capsys):
+    """One class trains a classifier to 'accuracy 1.0'; a tokenizer reads such a folder as any other
+    (the refusal used to say 'a classifier needs at least 2 classes' to a VAE too)."""
     from PIL import Image
 
     from recurvit.config import DataConfig
     from recurvit.data import build_datasets
-    from recurvit.errors import UserError
 
     for split in ("train", "val"):
         (tmp_path / split / "only").mkdir(parents=True)
         for i in range(2):
             Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / split / "only" / f"{i}.png")
-    with pytest.raises(UserError, match="1 class folder"):
-        build_datasets(DataConfig(name="imagefolder", root=str(tmp_path)))
+    train, _, info = build_datasets(DataConfig(name="imagefolder", root=str(tmp_path)))
+    assert info.num_classes == 1 and len(train) == 2
+    fails_in_one_line(capsys, ["train", *TINY, "train.epochs=1", "data.name=imagefolder", f"data.root={tmp_path}",
+                               "model.in_chans=3", "--out", tmp_path / "r"], "a classifier needs at least 2")
 
 
 def test_a_float_image_of_nan_is_refused_in_one_line(tmp_path, capsys):

@@ -204,9 +204,6 @@ def _image_folder(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Da
     if train is None:
         info = DatasetInfo(cfg.name, size, 3, len(test.classes), mean, std, len(test.skipped), (), tuple(test.classes))
         return None, test, info
-    if len(train.classes) < 2:  # one class trains to "accuracy 1.0" and learns nothing
-        raise UserError(f"imagefolder: {shown(dirs['train'])} has {len(train.classes)} class folder(s); a classifier "
-                        "needs at least 2 (train/<class>/*.png, one folder a class)")
     if train.classes != test.classes:
         raise UserError(
             f"imagefolder: {shown(dirs['train'])} has {len(train.classes)} classes but {shown(dirs['val'])} has"

@@ -198,6 +198,9 @@ class ClassifyTask(Task):
     def build(self, env, device, log, force):
         """The loaders, the config resolved from the data, the model (what fine-tuning builds otherwise)."""
         self.train_loader, self.test_loader, self.info = build_loaders(self.cfg, env=env, log=log)
+        if self.info.num_classes < 2:  # one class trains to "accuracy 1.0" and learns nothing (a VAE may read one)
+            raise UserError(f"{self.cfg.data.name}: {self.info.num_classes} class (an image folder: one folder a "
+                            "class under train/); a classifier needs at least 2")
         self.val_loader = build_val_loader(self.cfg, self.train_loader, self.test_loader, env)
         self.cfg = cfg = resolve_model_config(self.cfg, self.info)
         m = cfg.model
