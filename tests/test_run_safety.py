@@ -286,7 +286,7 @@ def test_divergence_advises_clipping(tmp_path, capsys):
 
 def test_eval_refuses_a_step_count_far_beyond_the_machine(trained, capsys):
     one_line_exit_2(run_main("eval", trained, "--steps", 10 ** 12, capsys=capsys), "would take about")
-    one_line_exit_2(run_main("horizon", trained, "--max-steps", 10 ** 9, capsys=capsys), "would take about")
+    one_line_exit_2(run_main("horizon", trained, "--steps", 10 ** 9, capsys=capsys), "would take about")
     one_line_exit_2(run_main("analyze", trained, "--steps", 10 ** 6, capsys=capsys), "would take about")
 
 
