@@ -264,6 +264,7 @@ def test_ctrl_c_during_a_checkpoint_write_says_interrupted_and_keeps_the_last_on
     ("train.log_every=-1", "train.log_every must be"), ("train.depth.sigma=-1", "train.depth.sigma must be"),
     ("train.depth.truncate=-1", "train.depth.truncate must be"),
     ("data.synthetic_classes=1", "data.synthetic_classes must be"),
+    ("model.class_token=2", "model.class_token is true or false, got '2'"),
 ])
 def test_nonsense_values_are_refused_before_training(tmp_path, capsys, override, needle):
     extra = ["data.name=synthetic"] if override.startswith("data.synthetic") else []

@@ -211,11 +211,22 @@ def config_from_dict(d: dict, schema: type = RunConfig) -> Any:
         raise _fail(e, "checkpoint") from None
 
 
+BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
+
+
 def _merge_overrides(cfg: Any, overrides: Optional[List[str]], schema: type = RunConfig) -> Any:
     for ov in overrides or []:
         if "=" not in ov:
             raise UserError(f"override '{ov}' is not of the form key=value (e.g. train.epochs=5)")
     overrides = [_nest_override(ov, schema) for ov in overrides or []]
+    for ov in overrides:  # OmegaConf reads any integer as a bool (model.class_token=2 -> true): say no instead
+        key, _, value = ov.partition("=")
+        try:
+            current = OmegaConf.select(cfg, key, throw_on_missing=False)
+        except OmegaConfBaseException:
+            continue
+        if isinstance(current, bool) and value.strip().lower() not in BOOL_WORDS:
+            raise UserError(f"{key} is true or false, got {value!r}")
     if overrides:
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
