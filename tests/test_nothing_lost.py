@@ -367,3 +367,15 @@ def test_a_study_with_a_bad_value_is_refused_when_it_is_read(tmp_path, capsys, g
     (tmp_path / "s.yaml").write_text(f"name: bad\nbase: digits/bvit\ngrid:\n{grid}results: res\n")
     fails_in_one_line(capsys, ["study", tmp_path / "s.yaml", "--out", tmp_path / "runs"], needle, "run ")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_killed_torchrun_is_one_line_and_the_shells_exit_status(monkeypatch, capsys):
+    """kill -9 of torchrun made `recurvit train --nproc 2` exit 247 (256 - 9) with no message."""
+    import subprocess
+
+    from recurvit.runtime import distributed
+
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: -9)
+    assert distributed.launch(2, ["train"]) == 137
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "torchrun was ended by SIGKILL" in err[0] and "--resume" in err[0]

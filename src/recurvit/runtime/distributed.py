@@ -279,9 +279,20 @@ def launch(nproc: int, args: Sequence[str]) -> int:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))  # torchrun's default is 1
     try:
-        return subprocess.call(torchrun_command(nproc, args), env=env, preexec_fn=_end_with_parent)
+        rc = subprocess.call(torchrun_command(nproc, args), env=env, preexec_fn=_end_with_parent)
     except KeyboardInterrupt:
         return 130
+    if rc < 0:  # torchrun itself was killed (kill -9, the OOM killer): its ranks said nothing, so say it here
+        import signal
+
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        print(f"error: torchrun was ended by {name}; the run keeps its last whole epoch (continue it with "
+              "--resume RUN)", file=sys.stderr)
+        return 128 - rc  # the shell's convention (137 for SIGKILL), not 256 - 9 = 247
+    return rc
 
 
 def _end_with_parent() -> None:
