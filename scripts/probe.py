@@ -183,8 +183,8 @@ def payload_trials(tmp: Path, runs: dict) -> list:
              ("vae", "last.pt", ["vae", "train", "--resume", "TARGET"]),
              ("vae", "last.pt", ["vae", "eval", "TARGET"])]
     slots += [("classify", "best.pt", cmd) for cmd in (
-        ["eval", "TARGET"], ["horizon", "TARGET", "--max-steps", "2"], ["analyze", "TARGET"], ["mixture", "TARGET"],
-        ["predict", "TARGET", str(tmp)], ["export", "TARGET", "--format", "hf", str(tmp / "x")],
+        ["eval", "TARGET"], ["horizon", "TARGET", "--steps", "2"], ["analyze", "TARGET"], ["mixture", "TARGET"],
+        ["predict", "TARGET", str(tmp)], ["export", "TARGET", "--format", "hf", "--out", str(tmp / "x")],
         ["finetune", "TARGET", "--data", "digits"], ["exit", "TARGET"])]
     for writer, kind_name in ((torch_pickle, "torch.save"), (plain_pickle, "pickle.dump")):
         for run_kind, name, cmd in slots:
@@ -236,10 +236,10 @@ def bad_input_trials(tmp: Path, trained: Path) -> list:
         ["train", "--out", tmp / "afile"], ["train", "--resume", tmp / "nosuch"], ["train", "--resume", tmp / "afile"],
         ["train", "--resume", tmp / "truncated"], ["train", "--data-root", tmp],
         ["eval", tmp / "nosuch"], ["eval", tmp / "garbage.pt"], ["eval", tmp / "empty.pt"], ["eval", tmp],
-        ["eval", trained, "--steps", "0"], ["eval", trained, "--steps", "-3"], ["horizon", trained, "--max-steps", "0"],
+        ["eval", trained, "--steps", "0"], ["eval", trained, "--steps", "-3"], ["horizon", trained, "--steps", "0"],
         ["predict", trained, tmp / "not-an-image.png"], ["predict", trained, tmp / "nosuch.png"],
-        ["predict", trained, tmp / "not-an-image.png", "--topk", "0"], ["export", trained, "--format", "nosuch", tmp / "e"],
-        ["export", tmp / "garbage.pt", "--format", "hf", tmp / "e2"], ["finetune", trained], ["finetune", "--resume", trained],
+        ["predict", trained, tmp / "not-an-image.png", "--topk", "0"], ["export", trained, "--format", "nosuch", "--out", tmp / "e"],
+        ["export", tmp / "garbage.pt", "--format", "hf", "--out", tmp / "e2"], ["finetune", trained], ["finetune", "--resume", trained],
         ["finetune", trained, "--data", "digits", "--method", "nope"], ["finetune", trained, "--data", "digits", "model.steps=3"],
         ["finetune", trained, "--data", "digits", "--rank", "0", "--method", "lora"],
         ["vae", "train", "train.recon=l3"], ["vae", "train", "train.epochs=0"], ["vae", "eval", trained],
@@ -282,20 +282,20 @@ def issue39_cases(tmp: Path, trained: Path) -> list:
     (tmp / "dir-as-csv").mkdir()
     (tmp / "ro-run").mkdir()
     exported = tmp / "exported-bad"
-    cli("export", trained, "--format", "hf", exported)
+    cli("export", trained, "--format", "hf", "--out", exported)
     (exported / "config.json").write_text("{not json")
     t = [*TINY, "train.epochs=1", "--out", tmp / "never"]
     return [
         ["predict", trained, img, "--csv", trained / "last.pt"], ["predict", nan, img],
-        ["export", nan, "--format", "hf", tmp / "nan-export"], ["study", tmp / "study-escape.yaml"],
+        ["export", nan, "--format", "hf", "--out", tmp / "nan-export"], ["study", tmp / "study-escape.yaml"],
         ["study", tmp / "study-listname.yaml"], ["study", tmp / "study-empty.yaml"], ["study", tmp / "study-twice.yaml"],
         ["predict", trained, img, "--steps", "1000000000"], ["flops", "bvit_tiny", "steps=1000000000000"],
         ["finetune", trained, "--data", "digits", "--rank", "100000"], ["flops", "bvit_tiny", "--batch-size", "1000000000"],
         ["predict", trained, img, "--csv", "/sys/p.csv"], ["predict", trained, img, "--csv", tmp / "dir-as-csv"],
-        ["export", trained, "--format", "hf", "/sys/x"], ["export", trained, "--format", "safetensors", "/sys/x.st"],
-        ["horizon", trained, "--max-steps", "2", "--out", "/sys/h"], ["horizon", trained, "--max-steps", "2", "--out", img],
+        ["export", trained, "--format", "hf", "--out", "/sys/x"], ["export", trained, "--format", "safetensors", "--out", "/sys/x.st"],
+        ["horizon", trained, "--steps", "2", "--out", "/sys/h"], ["horizon", trained, "--steps", "2", "--out", img],
         ["train", "model.mlp_ratio=-1", *t], ["train", "model.mlp_ratio=inf", *t], ["train", "model.mlp_ratio=0", *t],
-        ["train", "model.num_classes=5", *t], ["train", "model.in_chans=3", *t], ["train", "model.img_size=16", *t],
+        ["train", "model.num_classes=5", *t], ["train", "model.in_chans=3", *t], ["train", "model.img_size=16", "data.img_size=8", *t],
         ["train", "data.holdout=0.9999", *t], ["train", "train.seed=99999999999999999999", *t],
         ["eval", trained, "steps=!!python/object/apply:os.system"], ["match", "loopvae_conv", "--by", "params"],
         ["eval", exported], ["eval", tmp / "text.pt"], ["train", "data.name=synthetic", "data.synthetic_classes=1", *t],
@@ -311,7 +311,7 @@ def export_kill_trials(tmp: Path, trained: Path, n: int, rng: random.Random) -> 
     trials = []
     for i in range(n):
         out = tmp / f"export-{i}"
-        p = start("export", trained, "--format", "hf", out)
+        p = start("export", trained, "--format", "hf", "--out", out)
         time.sleep(rng.uniform(0.5, 4.0))  # the import of torch, the load, the writes: somewhere in there
         try:
             os.kill(p.pid, signal.SIGKILL)
@@ -322,7 +322,7 @@ def export_kill_trials(tmp: Path, trained: Path, n: int, rng: random.Random) -> 
         if out.exists():  # after a kill: the whole folder or none, never a part
             ok, note = sorted(x.name for x in out.iterdir()) == whole, "a half folder was left"
         else:  # none: the same export, again, makes it
-            r = cli("export", trained, "--format", "hf", out)
+            r = cli("export", trained, "--format", "hf", "--out", out)
             ok = r.returncode == 0 and sorted(x.name for x in out.iterdir()) == whole
             note = (r.stderr.strip().splitlines() or ["incomplete folder"])[-1][:200]
         trials.append({"kind": "export --format hf" + (" (finished before the kill)" if finished else ""),
