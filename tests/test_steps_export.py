@@ -1,0 +1,240 @@
+"""The step-program export (issue 43): embed / step / readout programs a runtime can stop between steps.
+
+Against eager PyTorch, on tiny models: the programs run to a fixed depth give ``model(x)`` and every step
+of ``model.forward_steps(x)``; ``StepProgram.adaptive`` gives the predictions and per-image exit steps of
+``forward_adaptive`` at the same max-softmax threshold (exited images leave the batch); the certified
+threshold computed with the programs is the one certified with the eager model; the ODE core is refused in
+one line."""
+import json
+import pytest
+import torch
+
+import recurvit
+from recurvit.errors import UserError
+from recurvit.export.deploy import StepProgram, certified_threshold
+from recurvit.export.steps import MANIFEST, export_steps
+from recurvit.models.adaptive import forward_adaptive
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+try:
+    import onnxruntime  # noqa: F401
+    import onnxscript  # noqa: F401
+
+    HAS_ONNX = True
+except ImportError:
+    HAS_ONNX = False
+NEEDS_ONNX = pytest.mark.skipif(not HAS_ONNX, reason="needs the onnx extra")
+
+
+def onnx(variant):
+    return pytest.param(variant, "onnx", marks=NEEDS_ONNX, id=f"{variant}-onnx")
+
+SHAPE = dict(img_size=8, patch_size=4, in_chans=3, num_classes=5, embed_dim=24, num_heads=2)
+VARIANTS = {
+    "recurrent": ("bvit_tiny", dict(steps=3)),
+    "recurrent-embed-reinject": ("bvit_tiny", dict(steps=3, step_cond="embed", reinject=True)),
+    "recurrent-scale": ("bvit_tiny", dict(steps=3, step_cond="scale")),
+    "stack": ("vit_tiny", dict(depth=3)),
+    "stack-heads": ("vit_tiny", dict(depth=3, stage_heads=3)),  # a head per block (deep supervision)
+    "softmor-inplace": ("srvit_tiny", dict(depth=2, recursions=2, router="query")),
+    "softmor-cycle": ("srvit_tiny", dict(depth=2, recursions=3, layout="cycle", router="query")),
+    "softmor-cycle-last": ("srvit_tiny", dict(depth=2, recursions=2, layout="cycle", mixture="last")),
+}
+# every variant as torch.export programs; in ONNX those whose step differs in kind (step index and
+# re-injected input, per-block programs and heads, the running mixture)
+CASES = [(v, "torch-export") for v in VARIANTS] + [
+    onnx(v) for v in ("recurrent-embed-reinject", "stack-heads", "softmor-inplace", "softmor-cycle")]
+
+
+def build(variant):
+    name, kw = VARIANTS[variant]
+    torch.manual_seed(0)
+    model = recurvit.create_model(name, **SHAPE, **kw).eval()
+    with torch.no_grad():  # the core's own weights start at zero / one: give them values that matter
+        for n, p in model.named_parameters():
+            if n.startswith("core."):
+                p.normal_(0, 0.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    cache = {}
+
+    def get(variant, fmt):
+        if (variant, fmt) not in cache:
+            model = build(variant)
+            out = tmp_path_factory.mktemp("steps") / f"{variant}-{fmt}"
+            export_steps(model, out, fmt)
+            cache[variant, fmt] = model, StepProgram(out, threads=1)
+        return cache[variant, fmt]
+
+    return get
+
+
+def images(n=6, seed=1):
+    return torch.randn(n, SHAPE["in_chans"], SHAPE["img_size"], SHAPE["img_size"],
+                       generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("variant,fmt", CASES)
+def test_fixed_depth_and_every_step_equal_the_eager_model(exported, variant, fmt):
+    model, prog = exported(variant, fmt)
+    x = images()
+    with torch.no_grad():
+        torch.testing.assert_close(prog(x), model(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(prog.forward_steps(x), model.forward_steps(x), rtol=1e-4, atol=1e-5)
+        # a batch of 1: the dynamic batch was not specialised to the traced example
+        torch.testing.assert_close(prog(x[:1]), model(x[:1]), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["recurrent-embed-reinject", "recurrent-scale"])
+def test_a_conditioned_recurrence_runs_past_its_trained_steps_as_eager_does(exported, variant):
+    """The step index is an input, clamped to the learned entries as StepConditioning.index does."""
+    model, prog = exported(variant, "torch-export")
+    x = images()
+    with torch.no_grad():
+        torch.testing.assert_close(prog.forward_steps(x, 6), model.forward_steps(x, 6), rtol=1e-4, atol=1e-5)
+        # the embedding of step 2 is not that of step 0: a program that ignored its index would fail above
+        assert not torch.allclose(model.core.cond.step_embed[0] if variant.endswith("reinject")
+                                  else model.core.cond.step_scale[0],
+                                  model.core.cond.step_embed[2] if variant.endswith("reinject")
+                                  else model.core.cond.step_scale[2])
+
+
+def spread_threshold(model, x, K):
+    """A max-softmax threshold that lets some images exit at each of several steps, half-way between two
+    of the eager signals (no signal lies within float tolerance of it)."""
+    with torch.no_grad():
+        sig = torch.softmax(model.forward_steps(x, K).float(), -1).max(-1).values[:-1].flatten().sort().values
+    i = len(sig) // 2
+    while sig[i + 1] - sig[i] < 1e-4:
+        i += 1
+    return float((sig[i] + sig[i + 1]) / 2)
+
+
+@pytest.mark.parametrize("variant,fmt", [("recurrent", "torch-export"), onnx("recurrent-embed-reinject"),
+                                         ("recurrent-scale", "torch-export"), ("stack-heads", "torch-export"),
+                                         onnx("stack-heads")])
+def test_adaptive_gives_forward_adaptives_predictions_and_exit_steps(exported, variant, fmt):
+    model, prog = exported(variant, fmt)
+    x = images(48, seed=2)
+    K = 5 if model.cfg.core == "recurrent" else 3  # a recurrence may run past its trained depth
+    with torch.no_grad():
+        thr = spread_threshold(model, x, K)
+        want_logits, want_steps = forward_adaptive(model, x, "max_prob", thr, max_steps=K)
+        logits, steps = prog.adaptive(x, thr, max_steps=K)
+    assert torch.equal(steps, want_steps)
+    assert len(set(steps.tolist())) >= 2 and steps.min() < K  # images exited at different steps
+    torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
+    assert torch.equal(logits.argmax(-1), want_logits.argmax(-1))
+
+
+def test_a_stack_without_trained_readouts_refuses_an_early_exit_as_eager_does(exported):
+    model, prog = exported("stack", "torch-export")
+    x = images()
+    with pytest.raises(ValueError, match="no readout trained after every block"):
+        prog.adaptive(x, 0.5)
+    with pytest.raises(ValueError, match="no readout trained after every block"):
+        forward_adaptive(model, x, "max_prob", 0.5)
+    logits, steps = prog.adaptive(x, 0.5, min_steps=3)  # every block runs: the model's own answer
+    torch.testing.assert_close(logits, model(x), rtol=1e-4, atol=1e-5)
+    assert steps.tolist() == [3] * len(x)
+
+
+@pytest.mark.parametrize("variant,step_index,n_steps,max_steps,state", [
+    ("recurrent", False, 1, None, ["z"]),
+    ("recurrent-embed-reinject", True, 1, None, ["z"]),
+    ("stack", False, 3, 3, ["z"]),
+    ("softmor-inplace", False, 2, 2, ["z"]),
+    ("softmor-cycle", True, 1, 3, ["z", "mx", "den", "num"]),
+    ("softmor-cycle-last", False, 1, 2, ["z"]),
+])
+def test_the_manifest_says_how_to_chain_the_programs(exported, variant, step_index, n_steps, max_steps, state):
+    model, prog = exported(variant, "torch-export")
+    m = json.loads((prog.folder / MANIFEST).read_text())
+    assert m["format"] == "recurvit.step-program" and m["version"] == 1 and m["backend"] == "torch-export"
+    assert m["step_index"] is step_index and ("step" in m["inputs"]["step"]) is step_index
+    assert len(m["programs"]["step"]) == n_steps and m["max_steps"] == max_steps and m["state"] == state
+    assert m["default_steps"] == model.nominal_steps
+    for name in [m["programs"]["embed"], *m["programs"]["step"], *m["programs"]["readout"]]:
+        assert (prog.folder / name).is_file()
+    assert ("x0" in m["inputs"]["step"]) is variant.endswith("reinject")
+
+
+def test_the_ode_core_is_refused_in_one_line_before_any_folder_is_made(tmp_path):
+    model = recurvit.create_model("bvit_tiny", **SHAPE, steps=2, core="ode").eval()
+    with pytest.raises(UserError) as e:
+        export_steps(model, tmp_path / "ode", "torch-export")
+    assert len(str(e.value).splitlines()) == 1 and "no step program" in str(e.value) and "torchdiffeq" in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_out_is_refused(tmp_path, exported):
+    model, _ = exported("recurrent", "torch-export")
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(UserError, match="exists"):
+        export_steps(model, tmp_path / "taken", "torch-export")
+
+
+# ------------------------------------------------------------------------ a trained run (digits)
+TRAIN = ["model.embed_dim=32", "model.num_heads=2", "model.steps=3", "train.batch_size=32", "train.progress=false",
+         "train.epochs=4", "train.lr=5e-3", "train.warmup_epochs=0.5", "train.supervision.stages=3",
+         "data.holdout=0.2"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from recurvit.cli import main
+
+    out = tmp_path_factory.mktemp("steps_run") / "run"
+    assert main(["train", *TRAIN, "--out", str(out), "--json"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """(calibration images: the run's held-out part of the training split, test images, test labels)."""
+    from recurvit.config import DataConfig
+    from recurvit.data import build_datasets
+    from recurvit.data.calibration import holdout_split
+
+    train, test, _ = build_datasets(DataConfig(name="digits"))
+    calib = holdout_split(train, test, 0.2)
+    stack = lambda ds: torch.stack([ds[i][0] for i in range(len(ds))])  # noqa: E731
+    return stack(calib), stack(test), torch.as_tensor([test[i][1] for i in range(len(test))])
+
+
+@pytest.fixture(scope="module")
+def onnx_steps(run, tmp_path_factory):
+    if not HAS_ONNX:
+        pytest.skip("needs the onnx extra")
+    out = tmp_path_factory.mktemp("steps_onnx") / "bvit"
+    export_steps(run, out, "onnx")
+    return out
+
+
+def test_the_manifest_carries_the_runs_preprocessing(run, onnx_steps):
+    from recurvit.export.program import preprocessing
+
+    m = json.loads((onnx_steps / MANIFEST).read_text())
+    assert m["preprocessing"] == preprocessing(recurvit.load_model(run))
+    assert m["preprocessing"]["input_size"] == [1, 8, 8] and len(m["preprocessing"]["label_names"]) == 10
+
+
+def test_the_certified_threshold_from_the_programs_is_the_eager_one_and_its_exits_match(run, onnx_steps, digits):
+    from recurvit.analysis.anytime import trajectories
+    from recurvit.analysis.certify import certify
+
+    calib, test_x, _ = digits
+    model = recurvit.load_model(run)
+    prog = StepProgram(onnx_steps, threads=1)
+    eager = certify(trajectories(model, [(calib, torch.zeros(len(calib)))], torch.device("cpu"), 3),
+                    "max_prob", 0.1, 0.1, 3)
+    got = certified_threshold(prog, calib, epsilon=0.1, delta=0.1)
+    assert got["certified"] and got["threshold"] == eager["threshold"] and got["risk"] == eager["risk"]
+    assert got["mean_steps"] == pytest.approx(eager["mean_steps"]) and got["mean_steps"] < 3  # it saves steps
+    logits, steps = prog.adaptive(test_x, got["threshold"])
+    want_logits, want_steps = forward_adaptive(model, test_x, "max_prob", got["threshold"])
+    assert torch.equal(steps, want_steps) and torch.equal(logits.argmax(-1), want_logits.argmax(-1))
