@@ -3,8 +3,8 @@
 Against eager PyTorch, on tiny models: the programs run to a fixed depth give ``model(x)`` and every step
 of ``model.forward_steps(x)``; ``StepProgram.adaptive`` gives the predictions and per-image exit steps of
 ``forward_adaptive`` at the same max-softmax threshold (exited images leave the batch); the certified
-threshold computed with the programs is the one certified with the eager model; the ODE core is refused in
-one line."""
+threshold computed with the programs is the one certified with the eager model; int8 programs store ~4x
+smaller matmul weights and agree on most of the digits test split; the ODE core is refused in one line."""
 import json
 import pytest
 import torch
@@ -238,3 +238,36 @@ def test_the_certified_threshold_from_the_programs_is_the_eager_one_and_its_exit
     logits, steps = prog.adaptive(test_x, got["threshold"])
     want_logits, want_steps = forward_adaptive(model, test_x, "max_prob", got["threshold"])
     assert torch.equal(steps, want_steps) and torch.equal(logits.argmax(-1), want_logits.argmax(-1))
+
+
+def test_int8_programs_store_4x_smaller_matmul_weights_and_agree_on_digits(onnx_steps, digits, tmp_path):
+    from recurvit.export.int8 import quantization_error, quantize_steps, weight_bytes
+
+    _, test_x, test_y = digits
+    q = quantize_steps(onnx_steps, tmp_path / "int8")
+    fp, i8 = weight_bytes(onnx_steps), weight_bytes(q)
+    assert i8["int8"] > 0 and "int8" not in fp
+    # the fp32 bytes that left are the int8 bytes times 4, less the per-tensor scales the int8 file adds
+    assert 0.95 * 4 * i8["int8"] < fp["float32"] - i8["float32"] <= 4 * i8["int8"]
+    report = quantization_error(onnx_steps, q, test_x, test_y, threads=1)
+    assert report["agreement"] >= 0.9  # most of the digits test split: the same answer
+    assert abs(report["accuracy"]["int8"] - report["accuracy"]["fp32"]) <= 0.05
+    rows = report["per_step"]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["max_abs_logit_diff"] > 0 and r["state_rel_error"] > 0 for r in rows)  # int8 changed something
+    assert json.loads((q / MANIFEST).read_text())["quantization"]["weight_type"] == "QInt8"
+    # the int8 programs run with an early exit as the fp32 ones do
+    logits, steps = StepProgram(q, threads=1).adaptive(test_x[:64], 0.9)
+    assert logits.shape == (64, 10) and steps.max() <= 3
+
+
+def test_a_stacks_int8_error_is_reported_per_layer(exported, tmp_path):
+    if not HAS_ONNX:
+        pytest.skip("needs the onnx extra")
+    from recurvit.export.int8 import quantization_error, quantize_steps
+
+    model, prog = exported("stack-heads", "onnx")
+    q = quantize_steps(prog.folder, tmp_path / "int8")
+    report = quantization_error(prog, q, images(32))
+    assert [r["step"] for r in report["per_step"]] == [1, 2, 3] and "accuracy" not in report
+    assert all(r["max_abs_logit_diff"] > 0 for r in report["per_step"])
