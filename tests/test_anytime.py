@@ -284,7 +284,7 @@ def test_a_certified_exit_is_chosen_on_the_calibration_split_alone(tiny_runs, mo
     """calibrated_exit(certify=(epsilon, delta)): Learn-then-Test picks the threshold from the held-out
     images before the test split is read once, and the result says what was certified."""
     from recurvit.analysis import exit as exit_mod
-    from recurvit.train.checkpoint import load_model_and_config
+    from recurvit.run.checkpoint import load_model_and_config
 
     seen = {}
     real_build, real_certify = recurvit.data.build_datasets, exit_mod.certify_exit

@@ -177,8 +177,8 @@ def test_two_gloo_processes_follow_the_one_process_run(tmp_path):
 def test_every_maze_config_builds_its_model_and_the_vit_matches_the_anchor():
     from pathlib import Path
 
-    from recurvit.runtime import resolve_model_config
-    from recurvit.train import checkpoint as ckpt_io
+    from recurvit.run.loaders import resolve_model_config
+    from recurvit.run import checkpoint as ckpt_io
 
     root = Path(__file__).resolve().parents[1] / "src/recurvit/configs/mazes"
     params = {}

@@ -19,7 +19,7 @@ from conftest import gloo_group
 from torch.utils.data import DataLoader, RandomSampler
 
 from recurvit.config import load_config
-from recurvit.runtime import distributed as dist_io
+from recurvit.run import distributed as dist_io
 from recurvit.tasks.classify import train
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),

@@ -267,8 +267,8 @@ def test_the_per_step_evaluators_record_their_figures_from_the_analyses(tmp_path
     assert p["images"] == 256 and p["steps"] == 3 and p["units"] == ["head0", "head1", "mlp0", "mlp1", "mlp2", "mlp3"]
     assert len(p["drops"]) == 3 and all(len(row) == 6 for row in p["drops"]) and -1 <= a["prune_split_r"] <= 1
     assert len(a["per_step"]["skip_drop"]) == 3 and a["skip_drop_T"] == a["per_step"]["skip_drop"][-1]
-    from recurvit.runtime import build_test_loader
-    from recurvit.train.checkpoint import load_model_and_config
+    from recurvit.run.loaders import build_test_loader
+    from recurvit.run.checkpoint import load_model_and_config
 
     out = tmp_path / "runs" / "runs" / "a__seed=0"
     model, cfg = load_model_and_config(out / "last.pt")

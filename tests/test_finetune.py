@@ -11,7 +11,7 @@ from recurvit.cli import main
 from recurvit.errors import UserError
 from recurvit.layers.lora import LoRALinear, add_lora, lora_layers, lora_parameters, merge_lora
 from recurvit.models.adapters import unroll_step_lora
-from recurvit.train.checkpoint import load_model_and_config as load_run
+from recurvit.run.checkpoint import load_model_and_config as load_run
 from recurvit.tasks.finetune import prepare
 
 

@@ -18,8 +18,9 @@ from recurvit.cli import main
 from recurvit.config import DataConfig
 from recurvit.data import build_datasets
 from recurvit.errors import UserError
-from recurvit.train import checkpoint as ckpt_io
-from recurvit.train.rundir import RunDir, write_atomic
+from recurvit.run import checkpoint as ckpt_io
+from recurvit.run.rundir import RunDir
+from recurvit.run.atomic import write_atomic
 
 TINY = ["model.embed_dim=24", "model.num_heads=2", "model.steps=2", "train.batch_size=256", "train.progress=false"]
 

@@ -13,7 +13,7 @@ pytest.importorskip("submitit")
 from recurvit.cli import main  # noqa: E402
 from recurvit.errors import UserError  # noqa: E402
 from recurvit.study import load_study  # noqa: E402
-from recurvit.train.checkpoint import load_checkpoint  # noqa: E402
+from recurvit.run.checkpoint import load_checkpoint  # noqa: E402
 from recurvit.study.launch import ClusterOptions, StudyJob, _last_error, _row, run_study_submitit  # noqa: E402
 
 # two runs with the same settings: a is preempted, b is not

@@ -83,9 +83,9 @@ def test_the_new_core_is_a_model_option_with_its_own_checked_options(damped):
 def test_the_new_core_trains_and_sweeps_beyond_its_horizon(damped, tmp_path):
     from recurvit.analysis.horizon import horizon_sweep
     from recurvit.config import load_config
-    from recurvit.runtime import build_test_loader
+    from recurvit.run.loaders import build_test_loader
     from recurvit.tasks import train
-    from recurvit.train.checkpoint import load_model_and_config
+    from recurvit.run.checkpoint import load_model_and_config
 
     cfg = load_config(None, ["model.core=damped", "model.rate=0.5", "model.steps=2", "model.embed_dim=16",
                              "model.num_heads=2", "model.patch_size=4", "train.epochs=5", "train.batch_size=64", "train.lr=3e-3",

@@ -12,7 +12,7 @@ from conftest import fails_in_one_line
 import torch
 
 from recurvit.cli import main
-from recurvit.train import checkpoint as ckpt_io
+from recurvit.run import checkpoint as ckpt_io
 
 TINY = ["model.embed_dim=24", "model.num_heads=2", "model.steps=2", "train.batch_size=256", "train.progress=false",
         "train.warmup_epochs=0"]
@@ -373,7 +373,7 @@ def test_a_killed_torchrun_is_one_line_and_the_shells_exit_status(monkeypatch, c
     """kill -9 of torchrun made `recurvit train --nproc 2` exit 247 (256 - 9) with no message."""
     import subprocess
 
-    from recurvit.runtime import distributed
+    from recurvit.run import distributed
 
     monkeypatch.setattr(subprocess, "call", lambda *a, **k: -9)
     assert distributed.launch(2, ["train"]) == 137

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from recurvit.train.rundir import RunDir
+from recurvit.run.rundir import RunDir
 
 TINY = ["model.embed_dim=24", "model.num_heads=2", "model.steps=2", "train.batch_size=256"]
 
@@ -304,20 +304,20 @@ def test_piped_output_is_one_line_per_epoch_and_no_progress_bar(tmp_path):
 def test_long_work_in_a_pipe_prints_a_progress_line_at_a_steady_interval(monkeypatch, capsys):
     from tqdm.auto import tqdm
 
-    from recurvit import runtime
+    from recurvit.run import progress
 
-    monkeypatch.setattr(runtime.sys.stderr, "isatty", lambda: False, raising=False)
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: False, raising=False)
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
-    monkeypatch.setattr(runtime, "PIPE_INTERVAL", 0.05)
-    for _ in tqdm(range(8), desc="sweeping", leave=False, **runtime.bar_options(True)):
-        runtime.time.sleep(0.03)
+    monkeypatch.setattr(progress, "PIPE_INTERVAL", 0.05)
+    for _ in tqdm(range(8), desc="sweeping", leave=False, **progress.bar_options(True)):
+        progress.time.sleep(0.03)
     lines = capsys.readouterr().err.splitlines()
     assert 1 <= len(lines) <= 8 and all(ln.startswith("sweeping") and "\r" not in ln for ln in lines), lines
-    monkeypatch.setattr(runtime, "PIPE_INTERVAL", 60.0)  # short work in a pipe: silent
-    for _ in tqdm(range(8), desc="short", leave=False, **runtime.bar_options(True)):
+    monkeypatch.setattr(progress, "PIPE_INTERVAL", 60.0)  # short work in a pipe: silent
+    for _ in tqdm(range(8), desc="short", leave=False, **progress.bar_options(True)):
         pass
     assert capsys.readouterr().err == ""
-    assert runtime.bar_options(False) == {"disable": True}
+    assert progress.bar_options(False) == {"disable": True}
 
 
 def test_train_log_every_writes_timm_style_lines(tmp_path, capsys):
@@ -329,24 +329,24 @@ def test_train_log_every_writes_timm_style_lines(tmp_path, capsys):
 
 
 def test_tqdm_disable_is_honoured_even_on_a_terminal(monkeypatch):
-    from recurvit import runtime
+    from recurvit.run import progress
 
-    monkeypatch.setattr(runtime.sys.stderr, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: True, raising=False)
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
-    assert runtime.show_progress(True) and not runtime.show_progress(False)
+    assert progress.show_progress(True) and not progress.show_progress(False)
     monkeypatch.setenv("TQDM_DISABLE", "1")
-    assert not runtime.show_progress(True)
+    assert not progress.show_progress(True)
 
 
 def test_every_progress_bar_asks_whether_someone_watches(monkeypatch):
-    """Each tqdm in the package is gated by runtime.show_progress or bar_options (a terminal, no --json,
+    """Each tqdm in the package is gated by run.progress.show_progress or bar_options (a terminal, no --json,
     no TQDM_DISABLE); analyze's and vae intervene's bars once were not."""
     import re
     from pathlib import Path
 
     import recurvit
     from recurvit.analysis import per_step
-    from recurvit import runtime
+    from recurvit.run import progress
 
     src = Path(recurvit.__file__).parent
     for f in src.rglob("*.py"):
@@ -355,7 +355,7 @@ def test_every_progress_bar_asks_whether_someone_watches(monkeypatch):
             body = text[max(0, text.rfind("\ndef ", 0, m.start())):m.start() + 300]
             assert "show_progress(" in body or "bar_options(" in body, \
                 f"{f.relative_to(src)}: a progress bar not gated by show_progress / bar_options"
-    monkeypatch.setattr(runtime.sys.stderr, "isatty", lambda: False, raising=False)
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: False, raising=False)
     items = [1, 2, 3]
     assert per_step._progress(items, True, "x") is items  # piped: the plain iterable, no bar
 

@@ -318,7 +318,7 @@ def test_the_matched_plain_recursion_of_the_softmor_study_stores_the_query_route
     parameters: plain recursion gets a wider MLP instead of the router (within 0.1%)."""
     from recurvit.config import load_config
     from recurvit.study import load_study
-    from recurvit.train import checkpoint as ckpt_io
+    from recurvit.run import checkpoint as ckpt_io
 
     study = load_study("studies/fashion_softmor_plateau.yaml")
     runs = {r.labels["variant"]: r for r in study.runs if r.labels["train.seed"] == "0"}

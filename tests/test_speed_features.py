@@ -15,7 +15,7 @@ from recurvit.models.speed import (activation_checkpointing, compile_available, 
                                    set_activation_checkpointing)
 from recurvit.models.vit import ViTConfig
 from recurvit.tasks.classify import train
-from recurvit.runtime import autocast
+from recurvit.run.device import autocast
 from recurvit.train.optim import build_optimizer
 
 from conftest import TINY

@@ -6,7 +6,8 @@ import torch
 
 from recurvit.config import load_config
 from recurvit.errors import UserError
-from recurvit.train import checkpoint as ckpt_io
+from recurvit.run import checkpoint as ckpt_io
+from recurvit.run.atomic import save_atomic
 from recurvit.tasks.classify import train
 from recurvit.train.losses import DepthSampler, readout_steps, stage_weights
 from recurvit.config import DepthConfig
@@ -80,14 +81,14 @@ def test_checkpoint_errors_are_user_errors(tmp_path):
 
 def test_atomic_save_leaves_old_file_on_failure(tmp_path):
     path = tmp_path / "x.pt"
-    ckpt_io.save_atomic({"a": 1}, path)
+    save_atomic({"a": 1}, path)
 
     class Boom:
         def __reduce__(self):
             raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
-        ckpt_io.save_atomic({"a": Boom()}, path)
+        save_atomic({"a": Boom()}, path)
     assert torch.load(path, weights_only=True) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["x.pt"]  # no temp file left behind
 

@@ -62,7 +62,7 @@ def test_vae_profile_writes_into_an_out_folder_never_the_current_one(tmp_path, m
 
 def test_the_interrupt_message_names_the_run(tmp_path, capsys, monkeypatch):
     import recurvit.commands.train as train_cmd
-    from recurvit.train.rundir import RunDir
+    from recurvit.run.rundir import RunDir
 
     out = tmp_path / "my run"
 

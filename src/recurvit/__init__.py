@@ -28,7 +28,7 @@ def load_model(path, map_location="cpu", **overrides):
     from pathlib import Path
 
     from .export.hf import is_hf_folder, load_hf, load_safetensors
-    from .train.checkpoint import load_model as _load
+    from .run.checkpoint import load_model as _load
 
     if is_hf_folder(path):
         return load_hf(path, **overrides).to(map_location)

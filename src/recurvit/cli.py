@@ -77,7 +77,7 @@ def _resume_hint(command: str) -> str:
     again = RESUMABLE.get(command)
     if not again or "RUN_DIR" not in again:
         return f"; continue with {again}" if again else ""
-    rundir = sys.modules.get("recurvit.train.rundir")
+    rundir = sys.modules.get("recurvit.run.rundir")
     run = getattr(getattr(rundir, "RunDir", None), "current", None)
     return f"; continue with {again.replace('RUN_DIR', shlex.quote(str(run)))}" if run else ""
 

@@ -15,7 +15,7 @@ def fmt(v: Any) -> Any:
 def write_csv(rows: Iterable[Dict[str, Any]], path: str | Path, columns: Sequence[str]) -> Path:
     """``rows`` (dicts) as a CSV with ``columns``, in that order; keys outside them are left out. Written
     atomically, and only over a file whose header starts as this one (one this writer wrote)."""
-    from .train.outputs import write_text
+    from .run.outputs import write_text
 
     path, f = Path(path), io.StringIO(newline="")
     w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from ..models.adaptive import CRITERIA, exit_steps, forward_adaptive, plan_steps, step_signals
-from ..runtime import autocast
+from ..run.device import autocast
 from .timing import sync
 
 SWEEP_LEVELS = 12  # thresholds in a sweep: quantiles of the calibration signals
@@ -208,7 +208,7 @@ def plot(panels: List[dict], path: Path) -> None:
     for i, p in enumerate(panels):
         draw(fig.add_subplot(rows, cols, i + 1), p["fixed"], p["curves"], p["T"], p.get("title", ""))
     fig.tight_layout()
-    from ..train.outputs import save_figure
+    from ..run.outputs import save_figure
 
     save_figure(fig, path)
 

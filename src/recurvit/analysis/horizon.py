@@ -21,7 +21,7 @@ def horizon_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_
     (``progress``: a bar over the batches, shown only on a terminal)."""
     from tqdm.auto import tqdm
 
-    from ..runtime import bar_options
+    from ..run.progress import bar_options
 
     model.eval()
     K = max_steps
@@ -96,6 +96,6 @@ def plot(curves: Dict[str, Dict[str, List[float]]], trained: int, path: Path, ti
     if title:
         ax.set_title(wrap(title, 5.4, 9), fontsize=9)  # a long run name wraps instead of running off the edge
     fig.tight_layout()
-    from ..train.outputs import save_figure
+    from ..run.outputs import save_figure
 
     save_figure(fig, path)

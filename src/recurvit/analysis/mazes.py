@@ -120,7 +120,7 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
     from dataclasses import replace
 
     from ..data.mazes import maze_test_sets
-    from ..train.checkpoint import load_model_and_config
+    from ..run.checkpoint import load_model_and_config
 
     model, cfg = load_model_and_config(run)
     data = replace(cfg.data, maze_test_sizes=list(sizes or cfg.data.maze_test_sizes),

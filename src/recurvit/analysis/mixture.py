@@ -90,6 +90,6 @@ def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tenso
     fig.colorbar(im, ax=axes[:B, 1:].ravel().tolist(), shrink=0.6, label=wrap(label, 0.6 * 1.6 * B, 10))
     if title:
         fig.suptitle(wrap(title, 1.6 * (r + 1) - 0.3, 9), fontsize=9)
-    from ..train.outputs import save_figure
+    from ..run.outputs import save_figure
 
     save_figure(fig, path)

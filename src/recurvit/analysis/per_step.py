@@ -152,7 +152,7 @@ def _per_half(ok: torch.Tensor, i0: int) -> torch.Tensor:
 
 
 def _progress(items, on: bool, desc: str):
-    from ..runtime import show_progress
+    from ..run.progress import show_progress
 
     if not show_progress(on):  # a bar only on a terminal (and never with --json)
         return items

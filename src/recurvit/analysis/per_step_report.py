@@ -13,7 +13,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..plot_style import axes_width, percent, wrap
-from ..train.outputs import output_dir, save_figure
+from ..run.outputs import output_dir, save_figure
 
 
 # ------------------------------------------------------------------------------- summary

@@ -93,8 +93,9 @@ def open_trained(args, **options):
     its weights (``options``: core options to run it with; NaN weights refused), ``--data-root``
     applied, the device of ``--device`` and the run's test split."""
     from ..export.hf import is_hf_folder, read_hf
-    from ..train.checkpoint import check_finite, load_model_and_config
-    from ..runtime import build_test_loader, pick_device
+    from ..run.checkpoint import check_finite, load_model_and_config
+    from ..run.device import pick_device
+    from ..run.loaders import build_test_loader
 
     if is_hf_folder(args.run):  # a folder written by `recurvit export --format hf`
         if options:
@@ -151,14 +152,14 @@ def load_run_config(args, load, default_path: str):
     if not args.resume.is_dir():
         raise UserError(f"cannot resume: {args.resume} is not a run directory")
     if not (args.resume / "config.yaml").is_file():  # stopped before it wrote anything: starts afresh
-        from ..train.rundir import LEFTOVERS
+        from ..run.rundir import LEFTOVERS
 
         foreign = sorted(p.name for p in args.resume.iterdir() if p.name not in LEFTOVERS and not p.name.endswith(".tmp"))
         if foreign:
             raise UserError(f"cannot resume: {args.resume} has no config.yaml and holds {', '.join(foreign[:3])}: "
                             "it is not a run directory")
         if config is None:  # never the default config under the run's name
-            from ..train.rundir import RunDir
+            from ..run.rundir import RunDir
 
             RunDir.resume(args.resume).release()  # a run still going is "in use", not "without a config"
             raise UserError(f"cannot resume {args.resume}: it stopped before it wrote its config.yaml, so its "
@@ -186,9 +187,8 @@ def apply_data_root(cfg, root) -> None:
 def launch_processes(args, cfg, out, command: List[str]) -> int:
     """``recurvit <command> --nproc N``: check what can be checked here (batch split, devices, the run
     directory), then run the command in N processes under torchrun; returns its exit status."""
-    from ..runtime import distributed as dist_io
-    from ..train.rundir import check_available
-    from ..runtime import default_run_dir
+    from ..run import distributed as dist_io
+    from ..run.rundir import check_available, default_run_dir
 
     dist_io.per_rank_batch(cfg.train.batch_size, args.nproc)
     dist_io.check_devices(cfg.train.device, args.nproc)

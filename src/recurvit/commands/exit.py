@@ -82,7 +82,7 @@ def run(args) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     rows, test = res.pop("sweep"), res["test"]
-    from ..train.outputs import output_dir
+    from ..run.outputs import output_dir
 
     out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))
     A.write_csv(rows, out_dir / "exit.csv")

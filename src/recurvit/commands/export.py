@@ -39,14 +39,15 @@ def run(args) -> int:
     else:
         from safetensors.torch import save
 
-        from ..train.checkpoint import atomic_write, check_finite
-        from ..train.outputs import output_dir
+        from ..run.atomic import atomic_write
+        from ..run.checkpoint import check_finite
+        from ..run.outputs import output_dir
 
         if args.out.exists():
             raise UserError(f"{args.out} exists; choose another OUT")
         output_dir(args.out.parent, "OUT")
         from ..export.hf import safetensors_metadata
-        from ..train.checkpoint import load_model_and_config
+        from ..run.checkpoint import load_model_and_config
 
         model, cfg = load_model_and_config(args.run)
         check_finite(model, args.run)

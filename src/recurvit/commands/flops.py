@@ -32,7 +32,7 @@ def run(args) -> int:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
-    from ..runtime import pick_device
+    from ..run.device import pick_device
 
     device = pick_device(args.device)
     try:

@@ -26,7 +26,7 @@ def add_parser(sub):
 def run(args) -> int:
     from ..analysis.horizon import horizon_sweep, plot, summarize, write_csv
     from ..errors import UserError
-    from ..train.outputs import output_dir
+    from ..run.outputs import output_dir
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")

@@ -28,7 +28,7 @@ def run(args) -> int:
         res = mixture_weights(model, test_loader, device, images=args.examples)
     except ValueError as e:
         raise UserError(str(e)) from None
-    from ..train.outputs import output_dir
+    from ..run.outputs import output_dir
 
     out = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))
     n = res["examples"].shape[0]

@@ -37,9 +37,9 @@ CSV_HEADER = ["image", "rank", "label", "prob"]  # the first line of every --csv
 def run(args) -> int:
     from ..errors import UserError
     from ..export.predict import image_files, predict, read_images
-    from ..train.checkpoint import check_finite, load_model
-    from ..train.outputs import claim_file, write_text
-    from ..runtime import pick_device
+    from ..run.checkpoint import check_finite, load_model
+    from ..run.device import pick_device
+    from ..run.outputs import claim_file, write_text
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
@@ -86,8 +86,8 @@ def _write_paths(preds, bad, args) -> int:
     """A dense run's predictions: each image's predicted mask as NAME.path.png beside it (white: the path)."""
     from matplotlib.image import imsave
 
-    from ..train import checkpoint as ckpt_io
-    from ..train.outputs import PNG, claim_file
+    from ..run.atomic import atomic_write
+    from ..run.outputs import PNG, claim_file
 
     out = []
     for p in preds:
@@ -96,7 +96,7 @@ def _write_paths(preds, bad, args) -> int:
             continue
         dest = claim_file(src.with_name(src.stem + ".path.png"), PNG, what="path image")
         mask = p.mask.numpy()
-        ckpt_io.atomic_write(dest, lambda f, m=mask: imsave(f, m, cmap="gray", vmin=0, vmax=1, format="png"))
+        atomic_write(dest, lambda f, m=mask: imsave(f, m, cmap="gray", vmin=0, vmax=1, format="png"))
         out.append({**p.as_dict(), "path_image": str(dest)})
     if args.json:
         print_json({"run": str(args.run), "predictions": out, "skipped": len(bad)})

@@ -105,7 +105,7 @@ def _run(args, study, out, workers, opts) -> int:
     from ..study import collect, run_study, write_report
     from ..study.archive import archive, archived
 
-    from ..train.outputs import output_dir
+    from ..run.outputs import output_dir
 
     log = (lambda *a, **k: None) if args.json else print
     if args.report_only and args.only:
@@ -166,7 +166,7 @@ def study_lock(out: Path, reading: bool = False):
     import fcntl
 
     from ..errors import UserError
-    from ..train.outputs import output_dir
+    from ..run.outputs import output_dir
 
     output_dir(out)
     fd = os.open(out / ".study.lock", os.O_RDWR | os.O_CREAT, 0o644)

@@ -33,15 +33,15 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ..runtime import distributed as dist_io
+    from ..run import distributed as dist_io
+    from ..run.rundir import default_run_dir
     from ..tasks.classify import train
-    from ..runtime import default_run_dir
 
     cfg = load_run_config(args, load_config, _default_config())
     if args.print_config:
         from ..config import to_yaml
         from ..data import build_datasets
-        from ..runtime import resolve_model_config
+        from ..run.loaders import resolve_model_config
 
         _, _, info = build_datasets(cfg.data, with_train=False)  # the sizes the data set gives the model
         print(to_yaml(resolve_model_config(cfg, info)), end="")

@@ -127,11 +127,11 @@ def run(args) -> int:
 
 
 def _train(args) -> int:
-    from ..runtime import default_run_dir
-    from ..vae.config import default_config_path, load_vae_config
+    from ..run.rundir import default_run_dir
     from ..tasks.vae import train_vae
+    from ..vae.config import default_config_path, load_vae_config
 
-    from ..runtime import distributed as dist_io
+    from ..run import distributed as dist_io
 
     cfg = load_run_config(args, load_vae_config, default_config_path())
     out = args.resume if args.resume is not None else args.out
@@ -158,7 +158,7 @@ def _train(args) -> int:
 
 def _setup(args):
     """(model on device, cfg, test set, test loader, device) of a run."""
-    from ..runtime import pick_device
+    from ..run.device import pick_device
     from ..vae.data import build_vae_datasets
     from ..vae.evaluate import load_vae_run, make_test_loader
 
@@ -246,7 +246,7 @@ def _intervene(args) -> int:
     specs = intervention_specs(model, truncate, extra, factors, args.loop, sides)
     _check_cost(model, loader, device, specs, args)
     rows = run_interventions(model, loader, device, specs, cfg.train.amp, progress=not args.json)
-    from ..train.outputs import output_dir
+    from ..run.outputs import output_dir
 
     out = output_dir(args.out or (Path(args.run) if Path(args.run).is_dir() else Path(args.run).parent))
     csv_path = write_csv(rows, out / "intervene.csv")
@@ -270,7 +270,7 @@ def _profile_csv(out, target) -> Path:
     new runs/vae_profile-<time> (an --out ending in .csv, the old spelling, is that file, with a note)."""
     import time
 
-    from ..train.outputs import output_dir
+    from ..run.outputs import output_dir
 
     if out is not None and Path(out).suffix == ".csv":
         deprecated("--out FILE.csv", f"--out {Path(out).parent} (a folder; the file is vae_profile.csv)")
@@ -284,14 +284,14 @@ def _profile_csv(out, target) -> Path:
 def _profile(args) -> int:
     import torch
 
+    from ..tasks.vae import resolve_vae_config
     from ..vae.config import apply_overrides, config_from_dict, default_config_path, load_vae_config
     from ..vae.data import build_vae_datasets
     from ..vae.profile import profile_models, write_csv
-    from ..tasks.vae import resolve_vae_config
 
     target, overrides = config_and_overrides(args.args)
     if target is not None and Path(target).is_dir():
-        from ..train import checkpoint as ckpt_io
+        from ..run import checkpoint as ckpt_io
 
         cfg = apply_overrides(config_from_dict(ckpt_io.load_checkpoint(ckpt_io.resolve_checkpoint(target))["config"]),
                               overrides)
@@ -309,7 +309,7 @@ def _profile(args) -> int:
         _, _, info = build_vae_datasets(cfg.data, cfg.train.seed)
         cfg = resolve_vae_config(cfg, info)
     rows = profile_models(cfg, operators, matched=not args.no_matched, batch=args.batch_size, repeats=args.repeats, device=args.device)
-    from ..train.outputs import output_dir
+    from ..run.outputs import output_dir
 
     path = write_csv(rows, _profile_csv(args.out, target))
     if args.json:

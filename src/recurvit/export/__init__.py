@@ -1,6 +1,6 @@
-"""A trained run's life after training: what it needs to preprocess an image (``preprocessing``), and
-predictions for your own images (``predict``)."""
+"""A trained run's life after training: predictions for your own images (``predict``), the Hugging Face /
+timm folder and safetensors (``hf``), programs (``program``: torch.export, ONNX). What a run needs to
+preprocess an image is the checkpoint's record, :mod:`recurvit.run.preprocessing`."""
 from .predict import Prediction, predict, read_images
-from .preprocessing import data_record, pretrained_cfg, preprocessing_of
 
-__all__ = ["predict", "read_images", "Prediction", "data_record", "pretrained_cfg", "preprocessing_of"]
+__all__ = ["predict", "read_images", "Prediction"]

@@ -64,8 +64,8 @@ def export_hf(run: Path, out: Path) -> Path:
     from timm.models import save_for_hf
 
     from ..errors import UserError
-    from ..train.checkpoint import check_finite, load_model_and_config
-    from ..train.outputs import staged_dir
+    from ..run.checkpoint import check_finite, load_model_and_config
+    from ..run.outputs import staged_dir
 
     model, cfg = load_model_and_config(run)
     check_finite(model, run)
@@ -130,8 +130,8 @@ def load_hf(path: Path, **overrides):
     from safetensors.torch import load_file
 
     from ..models import create_model
-    from ..train.checkpoint import load_state
-    from .preprocessing import pretrained_cfg
+    from ..run.checkpoint import load_state
+    from ..run.preprocessing import pretrained_cfg
 
     config = json.loads((Path(path) / "config.json").read_text())
     args = {**_recurvit_args(config["model_args"]), **{k: v for k, v in overrides.items() if v is not None}}
@@ -161,8 +161,8 @@ def load_safetensors(path: Path, **overrides):
 
     from ..errors import UserError
     from ..models import create_model
-    from ..train.checkpoint import load_state
-    from .preprocessing import pretrained_cfg
+    from ..run.checkpoint import load_state
+    from ..run.preprocessing import pretrained_cfg
 
     path = Path(path)
     if is_hf_folder(path.parent) and path.name == "model.safetensors":

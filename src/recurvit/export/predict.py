@@ -63,7 +63,7 @@ def read_images(files: Iterable[Path]) -> Tuple[List[Tuple[str, Any]], List[Tupl
 
 def _transform(cfg: Dict[str, Any]):
     from ..data import transforms as T
-    from .preprocessing import crop_pct
+    from ..run.preprocessing import crop_pct
 
     data = cfg.get("recurvit_data")
     if data is None:

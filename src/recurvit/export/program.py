@@ -53,8 +53,9 @@ def read_preprocessing(path: Path) -> Dict[str, Any]:
 
 def export_program(run: Path, out: Path, fmt: str = "torch-export") -> Path:
     from ..errors import UserError
-    from ..train.checkpoint import atomic_write, check_finite, load_model
-    from ..train.outputs import claim_file, output_dir, write_by_name
+    from ..run.atomic import atomic_write
+    from ..run.checkpoint import check_finite, load_model
+    from ..run.outputs import claim_file, output_dir, write_by_name
 
     out = Path(out)
     if out.exists():

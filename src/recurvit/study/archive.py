@@ -19,7 +19,7 @@ def archived(study: Study, run_id: str) -> Optional[Path]:
 
 def archive(study: Study, res: Dict[str, Any]) -> None:
     """Keep a finished run's result in the study's results folder (see :func:`archived`)."""
-    from ..train.rundir import write_atomic
+    from ..run.atomic import write_atomic
 
     path = archived(study, res.get("run_id", ""))
     if path is None or "error" in res:

@@ -141,7 +141,7 @@ def run_study_submitit(study: Study, out: Path, opts: ClusterOptions, progress: 
     :func:`~recurvit.study.runner.run_study` does)."""
     from tqdm.auto import tqdm
 
-    from ..runtime import show_progress
+    from ..run.progress import show_progress
 
     opts.check()
     out = Path(out).resolve()
@@ -221,7 +221,7 @@ def _states(jobs) -> str:
 
 
 def _record(folder: Path, ids: Dict[str, str]) -> None:
-    from ..train.rundir import write_atomic
+    from ..run.atomic import write_atomic
 
     f = folder / JOBS_FILE
     known = json.loads(f.read_text()) if f.is_file() else {}

@@ -50,7 +50,7 @@ def _legend(ax, **kw) -> None:
 
 def _save(fig: Figure, path: Path) -> str:
     fig.tight_layout()
-    from ..train.outputs import save_figure
+    from ..run.outputs import save_figure
 
     save_figure(fig, path)
     return path.name

@@ -36,7 +36,7 @@ def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> N
             + evaluator_columns(rows, study) + variant_keys)
     import io
 
-    from ..train.rundir import write_atomic
+    from ..run.atomic import write_atomic
 
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
@@ -191,7 +191,7 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
         plots.insert(0, every_run(rows, lambda r: _cell_name(r, study), out_dir, study.name, word))
     for title, name in plots:
         lines += [f"![{title}]({name})", ""]
-    from ..train.rundir import write_atomic
+    from ..run.atomic import write_atomic
 
     write_atomic(out_dir / "report.md", "\n".join(lines))
     return out_dir / "report.md"

@@ -25,12 +25,12 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..errors import UserError
 from .archive import archive, archived, read_result
 from .evaluators import missing, recorded
-from .workers import estimate, in_processes
 from .spec import Study
+from .workers import estimate, in_processes
 
 
 def _write_result(out: Path, res: Dict[str, Any]) -> None:
-    from ..train.rundir import write_atomic
+    from ..run.atomic import write_atomic
 
     write_atomic(out / "result.json", json.dumps(res, indent=1))
 
@@ -140,7 +140,7 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
               only: Sequence[str] = ()) -> List[Dict[str, Any]]:
     from tqdm.auto import tqdm
 
-    from ..runtime import show_progress
+    from ..run.progress import show_progress
 
     (out / "runs").mkdir(parents=True, exist_ok=True)
     done, todo = pending(study, out, only)
@@ -200,7 +200,7 @@ def _with_training_cost(rd: Path, res: Dict[str, Any]) -> Dict[str, Any]:
     when it re-evaluated a run whose last.pt kept no metrics): the time logged with the last epoch."""
     if "acc_T" not in res or res.get("train_seconds") is not None or not (rd / "metrics.jsonl").is_file():
         return res
-    from ..train.rundir import RunDir
+    from ..run.rundir import RunDir
 
     logged = RunDir(rd, created=False, owner=False).read_metrics()
     return {**res, "train_seconds": logged[-1].get("train_seconds")} if logged else res

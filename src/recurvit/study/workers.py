@@ -119,8 +119,8 @@ def train_in_processes(command: List[str], base: str, overrides: List[str], out:
     import subprocess
 
     from ..errors import UserError
-    from ..runtime import distributed as dist_io
-    from ..train.rundir import RunDir
+    from ..run import distributed as dist_io
+    from ..run.rundir import RunDir
 
     resume = (out / "config.yaml").is_file()  # else: a new run (or one killed before it wrote anything)
     args = [*command, *([] if resume else [str(base)]), *overrides, "train.progress=false",

@@ -3,11 +3,10 @@
 The task never knows which core it drives: it asks the model for logits at readout steps
 (``forward_steps(..., at=...)``) and weighs them with ``losses.supervised_loss``.
 
-Speed and scale: under torchrun the run is data-parallel (DDP; see ``runtime/distributed.py`` for
-the conventions: global batch, sample order, rank-0 I/O); ``train.compile=true`` compiles each
-block (regional ``torch.compile``: no recompilation when the step count changes);
-``train.activation_checkpointing=true`` recomputes every block application in backward; bf16
-autocast is on by default on CUDA and AdamW is fused there.
+Speed and scale: under torchrun the run is data-parallel (DDP; ``run/distributed.py`` gives the conventions:
+global batch, sample order, rank-0 I/O); ``train.compile=true`` compiles each block (regional
+``torch.compile``: no recompilation when the step count changes); ``train.activation_checkpointing=true``
+recomputes every block application in backward; bf16 autocast is on by default on CUDA, AdamW fused there.
 """
 from __future__ import annotations
 
@@ -19,18 +18,19 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from ..config import RunConfig, as_dict, to_yaml
-from ..errors import UserError
-from ..data.datasets import dense_target, native_size
-from ..export.preprocessing import data_record
-from ..train import checkpoint as ckpt_io
-from ..runtime import distributed as dist_io
 from ..analysis.budget import check_param_memory, check_train_memory, first_batches_guard
+from ..config import RunConfig, as_dict, to_yaml
+from ..data.datasets import dense_target, native_size
+from ..errors import UserError
+from ..run import checkpoint as ckpt_io, distributed as dist_io
+from ..run.device import autocast
+from ..run.loaders import build_loaders, build_val_loader, resolve_model_config, set_epoch
+from ..run.preprocessing import data_record
+from ..run.progress import bar_options
 from ..train.checks import Diverged, check_train_config, out_of_memory
 from ..train.fit import fit
 from ..train.losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
 from ..train.optim import build_optimizer, build_scheduler, optimizer_step
-from ..runtime import autocast, bar_options, build_loaders, build_val_loader, resolve_model_config, set_epoch
 from .base import Task, data_task
 
 

@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..run.progress import quiet
 from ..study import plots
 from ..study.grouping import axis_of, pairs, table
 from ..study.plateau import plateau_column, plateau_per_seed, plateau_summary, plateau_text
 from ..study.stats import fmt_ci, mean_ci, welch
 from ..study.workers import run_config, train_in_processes
-from ..runtime import quiet
 from .classify_eval import EVALUATORS
 
 name = "classify"
@@ -65,10 +65,11 @@ def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, An
     """The result row of a trained classification run (its last.pt): the evaluators of ``eval_spec``,
     its cost (parameters, FLOPs, NFE) and its curves; ``metrics``: what its training returned."""
     from ..analysis.accounting import account
+    from ..run.checkpoint import load_model_and_config
+    from ..run.device import pick_device
+    from ..run.loaders import build_test_loader
+    from ..run.rundir import RunDir
     from ..study.evaluators import Evaluated, evaluate_run
-    from ..train.checkpoint import load_model_and_config
-    from ..train.rundir import RunDir
-    from ..runtime import build_test_loader, pick_device
     from ..study.plateau import plateau_change
 
     t0 = time.perf_counter()

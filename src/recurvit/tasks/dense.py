@@ -31,15 +31,16 @@ from tqdm.auto import tqdm
 
 from ..config import RunConfig
 from ..errors import UserError
-from ..runtime import autocast, bar_options, build_loaders, resolve_model_config
-from ..runtime import distributed as dist_io
-from ..train import checkpoint as ckpt_io
+from ..run import checkpoint as ckpt_io, distributed as dist_io
+from ..run.device import autocast
+from ..run.loaders import build_loaders, resolve_model_config
+from ..run.progress import bar_options
 from ..train.checks import Diverged, check_train_config
 from ..train.fit import fit
 from ..train.losses import (progressive_draw, progressive_logits, progressive_mix, readout_steps, stage_weights,
                             supervised_loss)
-from ..train.optim import optimizer_step
 from ..data.datasets import DENSE, dense_target
+from ..train.optim import optimizer_step
 from .base import DATA_TASKS
 from .classify import ClassifyTask
 

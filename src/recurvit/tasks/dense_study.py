@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..runtime import quiet
+from ..run.progress import quiet
 from ..study.grouping import table
 from ..study.plateau import plateau_change, plateau_per_seed, plateau_summary
 from ..study.stats import fmt_ci, mean_ci
@@ -65,10 +65,10 @@ def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, An
     """The result row of a trained maze run (its last.pt: best.pt is chosen on validation at T only)."""
     from ..analysis.accounting import count_params, measure_flops
     from ..data.mazes import maze_pixels
-    from ..runtime import pick_device
+    from ..run.checkpoint import load_model_and_config
+    from ..run.device import pick_device
+    from ..run.rundir import RunDir
     from ..study.evaluators import Evaluated, evaluate_run
-    from ..train.checkpoint import load_model_and_config
-    from ..train.rundir import RunDir
 
     t0 = time.perf_counter()
     model, cfg = load_model_and_config(out / "last.pt")

@@ -23,9 +23,9 @@ from typing import Any, Dict, List, Optional
 import yaml
 
 from ..errors import UserError
-from ..runtime import quiet
-from .classify_eval import EVALUATORS  # noqa: F401  (a fine-tune is evaluated as a classification run)
+from ..run.progress import quiet
 from ..study.grouping import table
+from .classify_eval import EVALUATORS  # noqa: F401  (a fine-tune is evaluated as a classification run)
 from .classify_study import (ACC_HEAD, ACC_KEYS, CONTRAST, CURVE_KEY, STAT_KEYS, chance,  # noqa: F401
                              evaluate_trained, fill_cell, fix_row, intro, prepare_rows, report_plots)
 from .classify_study import CSV_KEYS as _CLASSIFY_KEYS, SHARED_KEYS as _SHARED, tables as _classify_tables

@@ -25,11 +25,12 @@ from torch.utils.data import DataLoader, RandomSampler
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from ..runtime import distributed as dist_io
+from ..run import distributed as dist_io
+from ..run.device import autocast
+from ..run.progress import bar_options
 from ..train.checks import Diverged
 from ..train.fit import fit
 from ..train.optim import build_optimizer, build_scheduler, optimizer_step
-from ..runtime import autocast, bar_options
 from ..train.tensorboard import require_tensorboard
 from ..vae.config import VAERunConfig, as_dict, config_from_dict, to_yaml
 from ..vae.data import build_vae_datasets, mean_image

@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..run.progress import quiet
 from ..study import plots
 from ..study.grouping import table
 from ..study.plateau import plateau_column
 from ..study.stats import fmt_ci
 from ..study.workers import run_config, train_in_processes
-from ..runtime import quiet
 from .vae_eval import EVALUATORS
 
 name = "vae"
@@ -40,8 +40,8 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
     import torch
 
     from ..analysis.accounting import count_params, measure_flops
-    from ..train.rundir import RunDir
-    from ..runtime import pick_device
+    from ..run.device import pick_device
+    from ..run.rundir import RunDir
     from ..vae.config import load_vae_config
     from ..vae.data import build_vae_datasets
     from ..vae.evaluate import evaluate_vae, load_vae_run, make_test_loader

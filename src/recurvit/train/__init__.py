@@ -1,6 +1,4 @@
 """Training machinery every task shares: the one loop (fit.py), losses (deep supervision, depth
-schedules), optimizer + schedule, run directories and checkpoints (atomic save, safe load,
-resume). Device, loaders and data parallelism are :mod:`recurvit.runtime`; the tasks the loop trains are :mod:`recurvit.tasks`."""
-from .checkpoint import load_checkpoint, load_model, save_atomic
-
-__all__ = ["load_model", "load_checkpoint", "save_atomic"]
+schedules), optimizer + schedule, resume (what a resume may change), the one-line refusals (checks)
+and TensorBoard. Run directories, checkpoints, device, loaders and processes are the floor below,
+:mod:`recurvit.run`; the tasks the loop trains are :mod:`recurvit.tasks`."""

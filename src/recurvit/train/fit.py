@@ -2,7 +2,7 @@
 
 What the loop owns, for every task alike:
 
-- the run directory (:class:`~recurvit.train.rundir.RunDir`: created or resumed, locked for the
+- the run directory (:class:`~recurvit.run.rundir.RunDir`: created or resumed, locked for the
   life of the run, removed again if nothing was written): config.yaml before epoch 1, one
   metrics.jsonl line an epoch, ``last.pt`` every epoch and ``best.pt`` when the task's score
   improves, written atomically;
@@ -12,7 +12,7 @@ What the loop owns, for every task alike:
 - resume: the config changes a resume makes are checked (:mod:`recurvit.train.resume`), model,
   optimizer, schedule and RNG are restored, metric lines past the checkpoint are dropped;
 - processes: under torchrun every rank calls ``fit`` (the task's loaders shard by the
-  :class:`~recurvit.runtime.distributed.DistEnv` it is given), rank 0 alone writes and logs;
+  :class:`~recurvit.run.distributed.DistEnv` it is given), rank 0 alone writes and logs;
 - TensorBoard (a copy of each metrics line), divergence, out-of-memory and full-disk messages, and
   ``stop_after=k``: end after epoch k as an interruption would (a later resume continues it).
 
@@ -27,12 +27,13 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from . import checkpoint as ckpt_io
-from ..runtime import distributed as dist_io
+from ..run import checkpoint as ckpt_io, distributed as dist_io
+from ..run.atomic import DiskFull, write_atomic
+from ..run.device import pick_device, seed_everything
+from ..run.progress import quiet
+from ..run.rundir import RunDir, open_run
 from .checks import Diverged, how_to_go_on
 from .resume import check_resume
-from .rundir import RunDir, open_run, write_atomic
-from ..runtime import pick_device, quiet, seed_everything
 from .tensorboard import EpochWriter
 
 
@@ -61,7 +62,7 @@ def fit(task, out: Path, resume: bool = False, log=print, stop_after: Optional[i
                     raise task.out_of_memory(e) from None
         except Diverged as e:  # the directory is closed now (removed if it held nothing): advise what is true of it
             raise how_to_go_on(e, run.path) from None
-        except ckpt_io.DiskFull as e:  # a checkpoint or metrics write found the disk full: the run can go on from it
+        except DiskFull as e:  # a checkpoint or metrics write found the disk full: the run can go on from it
             if not run.path.is_dir():
                 raise
             raise e.then(f"--resume {run.path}") from None

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
-from ..train import checkpoint as ckpt_io
-from ..runtime import autocast
+from ..run import checkpoint as ckpt_io
+from ..run.device import autocast
 from .config import VAERunConfig, config_from_dict
 from .metrics import out_of_range, psnr, ssim, to_unit
 
@@ -125,7 +125,7 @@ def save_grid(model: nn.Module, dataset: Dataset, path: str | Path, device: torc
     from torchvision.utils import make_grid
 
     from ..plot_style import wrap
-    from ..train.outputs import save_figure
+    from ..run.outputs import save_figure
 
     n = min(n, len(dataset))
     idx = torch.linspace(0, len(dataset) - 1, n).round().long().tolist()

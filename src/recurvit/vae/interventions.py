@@ -22,9 +22,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from .evaluate import evaluate_vae
 from .. import tables
-from ..runtime import show_progress
+from ..run.progress import show_progress
+from .evaluate import evaluate_vae
 
 COLUMNS = ["kind", "side", "scale", "loop", "factor", "enc_loops", "dec_loops", "block_applications",
            "psnr", "ssim", "out_of_range", "delta_psnr"]
@@ -141,7 +141,7 @@ def plot(rows: List[Dict[str, Any]], path: str | Path, title: str = "") -> Path:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    from ..train.outputs import save_figure
+    from ..run.outputs import save_figure
 
     save_figure(fig, path, dpi=120)
     return path

@@ -25,10 +25,10 @@ from typing import Any, Dict, List, Sequence
 
 import torch
 
+from .. import tables
 from ..analysis.accounting import count_params, measure_flops
 from .config import VAERunConfig
 from .evaluate import build_vae_model
-from .. import tables
 
 COLUMNS = ["model", "operator", "core", "params_stored", "params_effective", "block_applications",
            "flops_forward", "flops_train", "ms_forward", "ms_train", "batch", "img_size", "embed_dim",
@@ -87,7 +87,7 @@ def profile_models(cfg: VAERunConfig, operators: Sequence[str] = ("conv", "trans
     The models are timed round-robin (repeat r of every model, then repeat r + 1, ...), so a slow
     phase of a shared machine or a warm-up effect does not fall on one model only."""
     from ..models import model_config
-    from ..runtime import pick_device
+    from ..run.device import pick_device
 
     dev = pick_device(device)  # auto, cpu, cuda[:N]: the CLI's one device rule
     rows, cases = [], []

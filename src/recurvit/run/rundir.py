@@ -5,8 +5,8 @@ Classification training, fine-tuning and LoopVAE training all keep their runs th
 - **create** (``RunDir.create``): a new directory, never over an existing non-empty one (except one
   left by a start killed before its first epoch ended: ``never_trained``); an unwritable place or a
   path that is a file is one clear error.
-- **lock**: an exclusive ``fcntl.flock`` on ``RUN/.lock``, taken before anything is read or
-  written and held for the life of the run. The OS releases it on any exit, kill -9 included, so a
+- **lock**: the one lock (:mod:`recurvit.run.lock`, an exclusive ``flock``) on ``RUN/.lock``, taken
+  before anything is read or written and held for the life of the run. The OS releases it on any exit, kill -9 included, so a
   crashed run never blocks its ``--resume``; a second process on the same directory (a second
   ``train --out``, a ``--resume`` of a running run, a study worker) ends with one line and touches
   nothing. The lock file keeps the owner's pid for that message.
@@ -29,27 +29,20 @@ Under several processes (DDP) only rank 0 owns the directory: other ranks get an
 """
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import UserError
-from . import checkpoint as ckpt_io
+from . import checkpoint as ckpt_io, lock
+from .atomic import raise_if_no_space, save_atomic, write_atomic
 
 LOCK = ".lock"
 LEFTOVERS = (LOCK, "metrics.jsonl", "tb", "error.txt")  # what a run killed before its first epoch ended may leave
 CONFIG, METRICS, LAST, BEST = "config.yaml", "metrics.jsonl", "last.pt", "best.pt"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same directory and a rename (then the
-    directory is fsynced: see ``checkpoint.atomic_write``)."""
-    data = text.encode()
-    ckpt_io.atomic_write(path, lambda f: f.write(data), needed=len(data))
 
 
 class RunDir:
@@ -116,32 +109,17 @@ class RunDir:
 
     def _lock(self) -> None:
         try:
-            fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
+            self._lock_fd = lock.acquire(self.path / LOCK)
+        except lock.Busy as e:
+            raise UserError(f"run directory {self.path} is in use by another process (pid {e.pid}); "
+                            "wait for it to finish or choose another --out") from None
+        except OSError as e:  # (a full disk is DiskFull, one line already)
             raise UserError(f"cannot write in run directory {self.path}: {e.strerror or e}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise UserError(f"run directory {self.path} is in use by another process (pid {pid}); "
-                                "wait for it to finish or choose another --out") from None
-            raise
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError as e:  # a 100%-full disk: one line, before anything else is written
-            os.close(fd)
-            ckpt_io.raise_if_no_space(e, self.path / LOCK)
-            raise
-        self._lock_fd = fd
 
     def release(self) -> None:
         """Give up the lock (the directory and its files stay)."""
         if self._lock_fd is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            lock.release(self._lock_fd)
             self._lock_fd = None
 
     def _contents(self) -> List[Path]:
@@ -184,7 +162,7 @@ class RunDir:
                 with open(self.path / METRICS, "a") as f:
                     f.write(line)
             except OSError as e:  # a full disk: one line (the lines already there are kept)
-                ckpt_io.raise_if_no_space(e, self.path / METRICS, len(line.encode()))
+                raise_if_no_space(e, self.path / METRICS, len(line.encode()))
                 raise
 
     def _parsed_metrics(self) -> List[tuple]:
@@ -228,7 +206,7 @@ class RunDir:
 
     def save(self, name: str, obj: Dict[str, Any]) -> None:
         if self.owner:
-            ckpt_io.save_atomic(obj, self.path / name)
+            save_atomic(obj, self.path / name)
 
 
 def never_trained(path: Path) -> bool:
@@ -268,3 +246,13 @@ def open_run(out: Path, resume: bool, owner: bool = True, log: Callable[[str], N
         log(f"{out} has no checkpoint yet (stopped before its first epoch ended): starting it from the beginning")
         run.truncate_metrics(0)
     return run
+
+
+def default_run_dir(cfg, root: str = "runs") -> Path:
+    """``runs/<data>-<model>-<time>``, with ``-1``, ``-2``, ... when that name is taken."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{cfg.data.name}-{cfg.model.name}-{stamp}"
+    out, i = base, 1
+    while out.exists():
+        out, i = Path(f"{base}-{i}"), i + 1
+    return out

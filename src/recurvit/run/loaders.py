@@ -1,53 +1,18 @@
-"""Where and how code runs, for training, evaluation, analysis and studies alike: device, autocast,
-seeds, data loaders, progress bars and lines, run directory names; data parallelism is
-:mod:`recurvit.runtime.distributed`. It imports nothing of train/, analysis/, tasks/ or study/."""
+"""What a run reads: its data config (:func:`run_data`), the model config completed by the data set
+(:func:`resolve_model_config`), and the train / validation / test loaders, sharded under torchrun
+(:mod:`.distributed`); an epoch's shuffle depends on its seed only (:func:`set_epoch`)."""
 from __future__ import annotations
 
-import os
-import random
-import sys
-import time
-from contextlib import nullcontext
 from dataclasses import replace
-from pathlib import Path
 from typing import Callable, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-from ..config import AMP_MODES, RunConfig
+from ..config import RunConfig
 from ..errors import UserError
 from . import distributed as dist_io
-
-
-def pick_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"train.device={name} but CUDA is not available; use train.device=cpu or auto")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise UserError(f"train.device='{name}' is not a device; use auto, cpu, cuda or cuda:N") from None
-
-
-def autocast(device: torch.device, amp: str):
-    """bf16 autocast: on by default on CUDA (amp=auto), opt-in on CPU (amp=bf16)."""
-    if amp not in AMP_MODES:  # (a config loaded from a file was checked already; this is the Python API)
-        raise UserError(f"train.amp must be one of {', '.join(AMP_MODES)}, got '{amp}'")
-    on = amp == "bf16" or (amp == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16) if on else nullcontext()
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy as np
-
-        np.random.seed(seed % 2**32)
-    except ImportError:  # pragma: no cover
-        pass
+from .progress import quiet
 
 
 def run_data(cfg: RunConfig):
@@ -84,54 +49,6 @@ def resolve_model_config(cfg: RunConfig, info) -> RunConfig:
     if cfg.train.supervision.per_stage_heads and m.stage_heads is None:
         m = replace(m, stage_heads=cfg.train.supervision.stages)
     return replace(cfg, model=m)
-
-
-def quiet(*args, **kwargs) -> None:
-    """A log that says nothing (ranks other than 0, study workers, --json)."""
-    return None
-
-
-def show_progress(wanted: bool = True) -> bool:
-    """Progress bars only where someone watches: asked for, stderr a terminal, TQDM_DISABLE unset."""
-    if not wanted or _tqdm_disabled():
-        return False
-    return sys.stderr.isatty()
-
-
-def _tqdm_disabled() -> bool:
-    return os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")
-
-
-PIPE_INTERVAL = 60.0  # seconds between progress lines when stderr is not a terminal
-
-
-class _Lines:
-    """A file for tqdm that turns its carriage-return redraws into whole lines (a log, a pipe), at most
-    one every PIPE_INTERVAL seconds and the first PIPE_INTERVAL seconds after the bar starts."""
-
-    def __init__(self):
-        self.last = time.monotonic()
-
-    def write(self, s: str) -> None:
-        s = s.replace("\r", "").strip()
-        now = time.monotonic()
-        if s and now - self.last >= PIPE_INTERVAL:
-            self.last = now
-            sys.stderr.write(s + "\n")
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-
-def bar_options(wanted: bool = True) -> dict:
-    """tqdm's options for a progress bar: a bar on a terminal (:func:`show_progress`); where stderr
-    is a pipe or a log, one line every PIPE_INTERVAL seconds, the first after PIPE_INTERVAL (so short
-    work prints nothing and long work is never silent); none when not wanted or TQDM_DISABLE is set."""
-    if show_progress(wanted):
-        return {"disable": False}
-    if not wanted or _tqdm_disabled():
-        return {"disable": True}
-    return {"disable": False, "file": _Lines(), "mininterval": min(1.0, PIPE_INTERVAL), "ncols": 100, "ascii": True}
 
 
 def build_loaders(cfg: RunConfig, epoch_seed: int = 0, env: dist_io.DistEnv = dist_io.SINGLE,
@@ -189,14 +106,3 @@ def build_test_loader(cfg: RunConfig) -> Tuple[DataLoader, object]:
 def set_epoch(loader: DataLoader, seed: int) -> None:
     """The shuffle of an epoch depends on ``seed`` only (and is the same with any number of processes)."""
     loader.generator.manual_seed(seed)
-
-
-def default_run_dir(cfg: RunConfig, root: str = "runs") -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / f"{cfg.data.name}-{cfg.model.name}-{stamp}"
-    out, i = base, 1
-    while out.exists():
-        out, i = Path(f"{base}-{i}"), i + 1
-    return out
-
-

@@ -45,7 +45,7 @@ def preprocessing_of(ckpt: Dict[str, Any], cfg) -> Optional[Dict[str, Any]]:
     from ..errors import UserError
 
     try:
-        from ..runtime import run_data
+        from .loaders import run_data
 
         _, _, info = build_datasets(run_data(cfg), with_train=False)
     except (UserError, OSError):

@@ -1,6 +1,6 @@
 """Files a command writes where the user says (``predict --csv``, ``horizon --out``, ``export OUT``,
 a study's results): never over a file recurvit did not write, always through a temp name and a
-rename (``checkpoint.atomic_write``), and an unwritable place is one line naming it.
+rename (:func:`recurvit.run.atomic.atomic_write`), and an unwritable place is one line naming it.
 
 - :func:`claim_file`: ``path`` may be written: it does not exist, or it is a file whose first bytes
   say recurvit wrote it (the CSV header it writes, a matplotlib PNG); a directory or anybody else's
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from ..errors import UserError
-from . import checkpoint as ckpt_io
+from . import atomic
 
 PNG = b"\x89PNG"
 MATPLOTLIB = b"Matplotlib"  # the Software text chunk matplotlib writes into every PNG it saves
@@ -60,7 +60,7 @@ def output_dir(path: Path, what: str = "--out") -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        ckpt_io.raise_if_no_space(e, path)
+        atomic.raise_if_no_space(e, path)
         raise UserError(f"cannot create {path}: {e.strerror or e}; choose a writable {what}") from None
     if not os.access(path, os.W_OK):
         raise UserError(f"cannot write in {path}: permission denied; choose a writable {what}")
@@ -70,13 +70,13 @@ def output_dir(path: Path, what: str = "--out") -> Path:
 def write_text(path: Path, text: str, signature: Optional[bytes] = None, what: str = "output") -> Path:
     """``text`` to ``path`` (claimed, then written atomically)."""
     data = text.encode()
-    ckpt_io.atomic_write(claim_file(path, signature, what), lambda f: f.write(data), needed=len(data))
+    atomic.atomic_write(claim_file(path, signature, what), lambda f: f.write(data), needed=len(data))
     return path
 
 
 def save_figure(fig, path: Path, **kwargs) -> Path:
     """A matplotlib figure as a PNG at ``path`` (claimed, then written atomically)."""
-    ckpt_io.atomic_write(claim_file(path, PNG, "plot"), lambda f: fig.savefig(f, format="png", **kwargs))
+    atomic.atomic_write(claim_file(path, PNG, "plot"), lambda f: fig.savefig(f, format="png", **kwargs))
     return path
 
 
@@ -92,17 +92,17 @@ def staged_dir(out: Path, what: str = "OUT") -> Iterator[Path]:
     tmp = _temp_dir(parent, out, what)
     try:
         yield tmp
-        os.chmod(tmp, 0o777 & ~ckpt_io._umask())  # mkdtemp makes 0700: follow the umask, as mkdir would
+        os.chmod(tmp, 0o777 & ~atomic.umask())  # mkdtemp makes 0700: follow the umask, as mkdir would
         try:
             os.rename(tmp, out)  # over an empty folder too (rename(2) replaces an empty directory)
         except OSError as e:
             if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 raise UserError(f"{out} was created by someone else meanwhile; choose another {what}") from None
             raise
-        ckpt_io.fsync_dir(parent)
+        atomic.fsync_dir(parent)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        ckpt_io.raise_if_no_space(e, out)
+        atomic.raise_if_no_space(e, out)
         raise
 
 
@@ -117,9 +117,9 @@ def write_by_name(path: Path, save: Callable[[str], None], what: str = "OUT") ->
     try:
         save(str(tmp / path.name))
         os.replace(tmp / path.name, path)
-        ckpt_io.fsync_dir(parent)
+        atomic.fsync_dir(parent)
     except BaseException as e:
-        ckpt_io.raise_if_no_space(e, path)
+        atomic.raise_if_no_space(e, path)
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -130,5 +130,5 @@ def _temp_dir(parent: Path, out: Path, what: str) -> Path:
     try:
         return Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.", suffix=".tmp"))
     except OSError as e:
-        ckpt_io.raise_if_no_space(e, out)
+        atomic.raise_if_no_space(e, out)
         raise UserError(f"cannot write in {parent}: {e.strerror or e}; choose a writable {what}") from None
