@@ -404,6 +404,7 @@ def test_a_study_folder_has_one_writer(tmp_path, capsys):
     with study_lock(tmp_path / "o"):  # as another `recurvit study` holds it
         res = run_main("study", spec, "--out", tmp_path / "o", capsys=capsys)
     assert res.returncode == 2 and "another `recurvit study` is writing" in res.stderr, res.stderr
+    assert f"(pid {os.getpid()})" in res.stderr  # the run directories' lock (run/lock.py): it names its holder
     assert not (tmp_path / "o" / "runs").exists()
 
 

@@ -6,7 +6,6 @@
 each pending run as a Slurm job through submitit (see recurvit/study/launch.py)."""
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from contextlib import contextmanager
@@ -162,20 +161,21 @@ def _run(args, study, out, workers, opts) -> int:
 @contextmanager
 def study_lock(out: Path, reading: bool = False):
     """One writer for a study folder: a second `recurvit study` on the same folder is refused at once
-    (its runs would each be "in use" and its report would call them failed)."""
-    import fcntl
-
+    (its runs would each be "in use" and its report would call them failed). The lock is a run
+    directory's (recurvit.run.lock), on STUDY/.study.lock."""
     from ..errors import UserError
+    from ..run import lock
     from ..run.outputs import output_dir
 
     output_dir(out)
-    fd = os.open(out / ".study.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"another `recurvit study` is writing {out}; wait for it to end"
-                            + ("" if reading else " (or give this one another --out)")) from None
+        fd = lock.acquire(out / ".study.lock")
+    except lock.Busy as e:
+        raise UserError(f"another `recurvit study` is writing {out} (pid {e.pid}); wait for it to end"
+                        + ("" if reading else " (or give this one another --out)")) from None
+    except OSError as e:  # (a full disk is DiskFull, one line already)
+        raise UserError(f"cannot write in {out}: {e.strerror or e}; choose a writable --out") from None
+    try:
         yield
     finally:
-        os.close(fd)
+        lock.release(fd)
