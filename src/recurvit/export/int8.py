@@ -107,12 +107,12 @@ def quantization_error(fp32, int8, images: torch.Tensor, labels: Optional[torch.
         sa, sb = a.embed(x), b.embed(x)
         for k in range(1, K + 1):
             sa, sb = a.step(sa, k), b.step(sb, k)
-            la, lb = a.readout(sa, k).float(), b.readout(sb, k).float()
+            la, lb = torch.as_tensor(a.readout(sa, k)).float(), torch.as_tensor(b.readout(sb, k)).float()
             d = (la - lb).abs()
             max_abs[k - 1] = max(max_abs[k - 1], float(d.max()))
             sum_abs[k - 1] += float(d.flatten(1).mean(1).sum())
             differ[k - 1] += int((la.argmax(-1) != lb.argmax(-1)).sum())
-            za, zb = sa["z"].float().flatten(1), sb["z"].float().flatten(1)
+            za, zb = torch.as_tensor(sa["z"]).float().flatten(1), torch.as_tensor(sb["z"]).float().flatten(1)
             rel[k - 1] += float(((zb - za).norm(dim=1) / za.norm(dim=1).clamp_min(1e-12)).sum())
         if labels is not None:
             y = torch.as_tensor(labels[i * batch_size:(i + 1) * batch_size])
