@@ -21,6 +21,7 @@ this project does not install; ``torch.ao.quantization.quantize_pt2e`` is gone f
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -70,6 +71,7 @@ def quantize_steps(folder: Union[str, Path], out: Union[str, Path], per_channel:
         raise UserError(f"{out} exists; choose another OUT")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    logging.disable(logging.WARNING)  # its advice to run onnxruntime's pre-processing first, once per program
     try:
         p = manifest["programs"]
         for name in [p["embed"], *p["step"], *p["readout"]]:
@@ -82,6 +84,8 @@ def quantize_steps(folder: Union[str, Path], out: Union[str, Path], per_channel:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        logging.disable(logging.NOTSET)
     return out
 
 
