@@ -271,3 +271,30 @@ def test_a_stacks_int8_error_is_reported_per_layer(exported, tmp_path):
     report = quantization_error(prog, q, images(32))
     assert [r["step"] for r in report["per_step"]] == [1, 2, 3] and "accuracy" not in report
     assert all(r["max_abs_logit_diff"] > 0 for r in report["per_step"])
+
+
+# ------------------------------------------------------------------------ the command line
+def test_the_cli_writes_the_step_programs_of_a_run(run, tmp_path, capsys):
+    from recurvit.cli import main
+
+    out = tmp_path / "steps"
+    assert main(["export", str(run), "--format", "torch-export", "--steps-program", "--out", str(out), "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)
+    assert written["steps_program"] and sorted(p.split("/")[-1] for p in written["files"]) == [
+        "embed.pt2", "manifest.json", "readout.pt2", "step.pt2"]
+    model = recurvit.load_model(run)
+    x = torch.randn(3, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(StepProgram(out)(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_the_cli_refuses_the_ode_core_and_a_format_without_programs_in_one_line(run, tmp_path, capsys):
+    from conftest import fails_in_one_line
+
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    ckpt["config"]["model"]["core"] = "ode"  # the bViT's ODE twin: the same weights
+    torch.save(ckpt, tmp_path / "ode.pt")
+    fails_in_one_line(capsys, ["export", tmp_path / "ode.pt", "--format", "onnx", "--steps-program", "--out",
+                               tmp_path / "ode"], "ode", "has no step program", "torchdiffeq")
+    fails_in_one_line(capsys, ["export", run, "--steps-program", "--out", tmp_path / "hf"], "not hf", "--format onnx")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ode.pt"]  # nothing written

@@ -20,6 +20,10 @@ def add_parser(sub):
                    help="what to write (torch-export: torch.export.export at the trained depth, dynamic batch, "
                         "saved with torch.export.save; load with torch.export.load(OUT).module()); onnx: the same through "
                         "torch.onnx.export (input 'images', output 'logits'; needs the onnx extra)")
+    p.add_argument("--steps-program", action="store_true",
+                   help="with --format onnx or torch-export: OUT is a folder of three programs, embed, step (one "
+                        "application of the core's step) and readout, and manifest.json, that "
+                        "recurvit.export.deploy.StepProgram runs with a per-image early exit (the ODE core has none)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     return p
 
@@ -29,6 +33,8 @@ def run(args) -> int:
     from ..export.hf import export_hf
 
     out_of(args)
+    if args.steps_program:
+        return _steps_program(args)
     if args.format == "hf":
         written = export_hf(args.run, args.out)
         files = sorted(str(p) for p in written.iterdir())
@@ -58,4 +64,15 @@ def run(args) -> int:
         print_json({"run": str(args.run), "format": args.format, "files": files})
     else:
         print(f"wrote {', '.join(files)}")
+    return 0
+
+
+def _steps_program(args) -> int:
+    from ..export.steps import export_steps
+
+    files = sorted(str(p) for p in export_steps(args.run, args.out, args.format).iterdir())
+    if args.json:
+        print_json({"run": str(args.run), "format": args.format, "steps_program": True, "files": files})
+    else:
+        print(f"wrote {args.out}: {', '.join(Path(f).name for f in files)}")
     return 0

@@ -306,7 +306,7 @@ def export_steps(run, out, fmt: str = "onnx", **overrides) -> Path:
 
     out = Path(out)
     if fmt not in SUFFIX:
-        raise UserError(f"--steps-program writes onnx or torch-export programs, not {fmt}")
+        raise UserError(f"--steps-program writes onnx or torch-export programs, not {fmt}: add --format onnx")
     if out.exists():
         raise UserError(f"{out} exists; choose another OUT")
     if fmt == "onnx":
