@@ -394,3 +394,102 @@ def test_a_float_image_of_nan_is_refused_in_one_line(tmp_path, capsys):
     from recurvit.data.images import load_image
 
     assert load_image(str(ok)).size == (8, 8)  # a finite float image still reads
+
+
+# ------------------------------- links planted in a run folder, tags in overrides (issue 39's payload probe)
+def _plant(link, target):
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+
+
+@pytest.mark.parametrize("case", ["train --resume", "train --out", "study, a link to no file yet"])
+def test_a_lock_file_that_is_a_link_is_refused_and_nothing_is_written_through_it(one_epoch, tmp_path, capsys, case):
+    """A run folder from elsewhere whose .lock points at a file of the user's: taking the lock wrote the pid
+    over that file (a link to no file yet: created it)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    if case == "train --resume":
+        run = _copy(one_epoch, tmp_path)
+        _plant(run / ".lock", victim)
+        argv = ["train", "--resume", run, "train.epochs=2"]
+    elif case == "train --out":  # an empty folder with only the link: it looks like a start killed early
+        run = tmp_path / "new"
+        _plant(run / ".lock", victim)
+        argv = ["train", *TINY, "train.epochs=1", "--out", run]
+    else:
+        victim.unlink()
+        study = tmp_path / "s.yaml"
+        study.write_text(f"name: s\nbase: {root / 'configs/digits/bvit.yaml'}\n"
+                         "overrides: {model.embed_dim: 24, model.num_heads: 2, model.steps: 2, train.epochs: 1}\n"
+                         "grid: {train.seed: [0]}\n")
+        run = tmp_path / "study"
+        _plant(run / ".study.lock", victim)
+        argv = ["study", study, "--out", run]
+    _fails(capsys, argv, "is a symbolic link", str(victim), "remove the link")
+    assert (victim.read_text() == "precious\n") if victim.exists() else case.startswith("study")
+
+
+@pytest.mark.parametrize("name,argv,link", [
+    ("analysis/summary.json", ["analyze", "RUN", "--what", "readout", "--num-images", "32"], True),
+    ("analysis/steps.csv", ["analyze", "RUN", "--what", "readout", "--num-images", "32"], True),
+    ("analysis/steps.csv", ["analyze", "RUN", "--what", "readout", "--num-images", "32"], False),
+    ("exit.json", ["exit", "RUN", "--time-batches", "1"], True),
+])
+def test_an_output_is_never_written_through_a_link_or_over_a_file_it_did_not_write(one_epoch, tmp_path, capsys,
+                                                                                   name, argv, link):
+    """analyze's CSVs and summary.json and exit's exit.json were written with open(path, "w"): through a
+    link planted in the run folder (over the file it points at), and over a file of the user's."""
+    run = _copy(one_epoch, tmp_path)
+    victim = tmp_path / "victim.txt" if link else run / name
+    victim.parent.mkdir(parents=True, exist_ok=True)
+    victim.write_text("precious\n")
+    if link:
+        _plant(run / name, victim)
+    _fails(capsys, [run if a == "RUN" else a for a in argv], str(run / name), "was not written by this command")
+    assert victim.read_text() == "precious\n"
+
+
+def test_outputs_of_analyze_and_exit_are_rewritten_by_the_same_command(one_epoch, tmp_path):
+    run = _copy(one_epoch, tmp_path)
+    for _ in range(2):  # the second time over its own files
+        assert main(["analyze", str(run), "--what", "readout", "--num-images", "32"]) == 0
+        assert main(["exit", str(run), "--time-batches", "1"]) == 0
+    assert json.loads((run / "analysis" / "summary.json").read_text())["run"] == str(run)
+    assert json.loads((run / "exit.json").read_text())["run"] == str(run)
+
+
+def test_the_mixture_table_is_never_written_through_a_link(tmp_path):
+    from recurvit.analysis.mixture import write_mean_csv
+
+    victim, path = tmp_path / "victim.csv", tmp_path / "run" / "mixture_mean.csv"
+    victim.write_text("precious\n")
+    _plant(path, victim)
+    with pytest.raises(UserError, match="was not written by this command"):
+        write_mean_csv(torch.ones(2, 3), path)
+    assert victim.read_text() == "precious\n"
+    path.unlink()
+    for _ in range(2):
+        write_mean_csv(torch.ones(2, 3), path)
+    assert path.read_text().splitlines()[0] == "unit,step_1,step_2,step_3" and not path.is_symlink()
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", *TINY, "train.epochs=TAG", "--out", "OUT"],
+    ["train", "--resume", "RUN", "train.epochs=TAG"],
+    ["finetune", "RUN", "--data", "digits", "train.epochs=TAG", "--out", "OUT"],
+    ["vae", "train", "data.img_size=16", "train.epochs=TAG", "--out", "OUT"],
+])
+def test_a_python_tag_in_an_override_is_one_line_and_constructs_nothing(one_epoch, tmp_path, capsys, argv):
+    """OmegaConf reads an override's value as YAML with a safe loader: nothing runs, but the refusal was a
+    ConstructorError traceback (exit 1)."""
+    marker = tmp_path / "executed"
+    tag = f"!!python/object/apply:os.system ['touch {marker}']"
+    run = _copy(one_epoch, tmp_path)
+    subst = {"RUN": str(run), "OUT": str(tmp_path / "out")}
+    _fails(capsys, [subst.get(a, a.replace("TAG", tag)) for a in argv], "bad config (overrides)",
+           "could not determine a constructor for the tag")
+    assert not marker.exists()

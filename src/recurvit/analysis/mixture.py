@@ -41,11 +41,17 @@ def mixture_weights(model: nn.Module, loader: Iterable, device: torch.device, im
 
 
 def write_mean_csv(mean: torch.Tensor, path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["unit"] + [f"step_{i + 1}" for i in range(mean.shape[1])])
-        for u, row in enumerate(mean.tolist()):
-            w.writerow([u + 1] + [f"{v:.4f}" for v in row])
+    """Written atomically, and only over a CSV that starts as this one does (never through a link)."""
+    import io
+
+    from ..run.outputs import write_text
+
+    f = io.StringIO(newline="")
+    w = csv.writer(f)
+    w.writerow(["unit"] + [f"step_{i + 1}" for i in range(mean.shape[1])])
+    for u, row in enumerate(mean.tolist()):
+        w.writerow([u + 1] + [f"{v:.4f}" for v in row])
+    write_text(path, f.getvalue(), b"unit,", "table")
 
 
 def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tensor, path: Path, title: str = "") -> None:

@@ -5,6 +5,7 @@ untouched.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
 from typing import List, Sequence
@@ -13,7 +14,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..plot_style import axes_width, percent, wrap
-from ..run.outputs import output_dir, save_figure
+from ..run.outputs import output_dir, save_figure, write_text
 
 
 # ------------------------------------------------------------------------------- summary
@@ -73,11 +74,14 @@ def summarize(res: dict) -> dict:
 
 # --------------------------------------------------------------------------------- writing
 def _write_csv(path, header: Sequence[str], rows: Sequence[Sequence]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        for row in rows:
-            w.writerow([f"{v:.6g}" if isinstance(v, float) else v for v in row])
+    """Written atomically, and only over a CSV that starts as these do (never through a link planted there,
+    never over a file of the user's that bears the name)."""
+    f = io.StringIO(newline="")
+    w = csv.writer(f)
+    w.writerow(header)
+    for row in rows:
+        w.writerow([f"{v:.6g}" if isinstance(v, float) else v for v in row])
+    write_text(path, f.getvalue(), f"{header[0]},".encode(), "table")
 
 
 def write_outputs(res: dict, out_dir, title: str = "") -> List[str]:

@@ -42,6 +42,7 @@ def run(args) -> int:
     from ..analysis.per_step_report import summarize, write_outputs
     from ..errors import UserError
     from ..analysis.budget import check_eval_cost
+    from ..run.outputs import write_text
 
     what = [w.strip() for w in args.what.split(",") if w.strip()]
     bad = [w for w in what if w not in ANALYSES]
@@ -81,7 +82,8 @@ def run(args) -> int:
     files = write_outputs(res, out, title=label)
     summary = {"run": str(args.run), "model": cfg.model.name, **summarize(res), "images": n,
                "calls_per_step": res["meta"]["calls_per_step"], "out": str(out)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    # atomically, and only over a summary.json of analyze's (never through a link planted in the run folder)
+    write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n", b'{\n  "run": ', "summary")
     files.append(str(out / "summary.json"))
     if args.json:
         print_json({**summary, "files": files})

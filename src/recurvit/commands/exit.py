@@ -82,7 +82,7 @@ def run(args) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     rows, test = res.pop("sweep"), res["test"]
-    from ..run.outputs import output_dir
+    from ..run.outputs import output_dir, write_text
 
     out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))
     A.write_csv(rows, out_dir / "exit.csv")
@@ -92,8 +92,8 @@ def run(args) -> int:
     summary = {"run": str(args.run), "model": cfg.model.name, "core": model.cfg.core,
                "runs_as": model.cfg.core_cls.describe(model.cfg), **res, "device": str(device),
                "threads": torch.get_num_threads(), "csv": str(out_dir / "exit.csv"), "png": str(out_dir / "exit.png")}
-    with open(out_dir / "exit.json", "w") as f:  # what --json prints, for reports
-        json.dump({**summary, "sweep": rows}, f, indent=1)
+    # what --json prints, for reports: atomically, and only over an exit.json of exit's (never through a link)
+    write_text(out_dir / "exit.json", json.dumps({**summary, "sweep": rows}, indent=1), b'{\n "run": ', "exit.json")
     if args.json:
         print_json({**summary, "sweep": rows})
         return 0

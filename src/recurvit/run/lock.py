@@ -10,6 +10,7 @@ import fcntl
 import os
 from pathlib import Path
 
+from ..errors import UserError
 from .atomic import raise_if_no_space
 
 
@@ -24,10 +25,18 @@ class Busy(Exception):
 def acquire(path: str | Path) -> int:
     """Take the lock of ``path`` (the file is created if missing) and write this process's pid into it;
     returns the open file descriptor, which holds the lock until :func:`release`. Raises :class:`Busy`
-    when another process holds it, ``DiskFull`` when the pid cannot be written on a full disk, and the
-    OSError of a place where the file cannot be made (the caller names the folder)."""
+    when another process holds it, UserError when the lock file is a symbolic link (never followed),
+    ``DiskFull`` when the pid cannot be written on a full disk, and the OSError of a place where the file
+    cannot be made (the caller names the folder)."""
     path = Path(path)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a link: a run folder from elsewhere whose .lock points at ~/notes.txt would have
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # the pid written over that file
+    except OSError as e:
+        if e.errno == errno.ELOOP and path.is_symlink():
+            raise UserError(f"{path} is a symbolic link (to {os.readlink(path)}), not a lock file: recurvit writes "
+                            "its pid into its lock, and would have written it there; remove the link, then run "
+                            "again") from None
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
