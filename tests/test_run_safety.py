@@ -182,6 +182,19 @@ def test_resume_refuses_what_would_change_the_model(trained, tmp_path, capsys, o
     assert (run / "config.yaml").read_text() == before
 
 
+@pytest.mark.slow
+def test_finetune_resume_takes_overrides_after_the_run(trained, tmp_path, capsys):
+    """``finetune --resume FT train.epochs=2`` (the form its usage gives): the override was read as RUN_DIR
+    and refused with 'drop RUN_DIR, --data and --out', none of which was given."""
+    ft = tmp_path / "ft"
+    assert run_main("finetune", trained, "--data", "digits", "--method", "head", "train.epochs=1", "--out", ft,
+                    capsys=capsys).returncode == 0
+    res = run_main("finetune", "--resume", ft, "train.epochs=2", capsys=capsys)
+    assert res.returncode == 0, res.stderr
+    assert epochs(ft) == [1, 2]
+    one_line_exit_2(run_main("finetune", "--resume", ft, trained, capsys=capsys), "drop RUN_DIR")  # a real RUN_DIR
+
+
 def test_resume_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     one_line_exit_2(run_main("train", "--resume", tmp_path, capsys=capsys), "not a run directory")

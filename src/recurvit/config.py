@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, List, Optional
 
+import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -230,7 +231,7 @@ def _merge_overrides(cfg: Any, overrides: Optional[List[str]], schema: type = Ru
     if overrides:
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-        except (OmegaConfBaseException, ValueError, TypeError) as e:
+        except (OmegaConfBaseException, ValueError, TypeError, yaml.YAMLError) as e:  # YAML: a !!python tag
             raise _fail(e, "overrides") from None
     return to_object(cfg)
 

@@ -57,6 +57,9 @@ def run(args) -> int:
     from ..tasks.finetune import finetune, finetune_resume
 
     log = (lambda *a, **k: None) if args.json else print
+    key, eq, _ = str(args.run).partition("=")
+    if args.resume is not None and args.run is not None and eq and "/" not in key:  # --resume FT train.epochs=3:
+        args.overrides, args.run = [str(args.run), *args.overrides], None  # an override, not a RUN_DIR
     if args.resume is not None:
         if args.run is not None or args.data is not None or args.out is not None:
             raise UserError("--resume FT_RUN_DIR continues a fine-tune with its own source, data and directory; "

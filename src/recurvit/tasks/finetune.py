@@ -129,6 +129,7 @@ def trainable_counts(model: nn.Module) -> Dict[str, int]:
 # ------------------------------------------------------------------------------------ config
 def target_config(src_cfg: RunConfig, data: str, overrides: List[str]) -> RunConfig:
     """The source run's config with the target data set (its defaults) and ``key=value`` overrides."""
+    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -143,7 +144,7 @@ def target_config(src_cfg: RunConfig, data: str, overrides: List[str]) -> RunCon
     base["data"] = as_dict(DataConfig(name=data))
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(RunConfig), base, OmegaConf.from_dotlist(list(overrides)))
-    except (OmegaConfBaseException, ValueError, TypeError) as e:
+    except (OmegaConfBaseException, ValueError, TypeError, yaml.YAMLError) as e:  # YAML: a !!python tag
         raise UserError(f"bad config (overrides): {str(e).splitlines()[0]}") from None
     return to_object(cfg)
 
