@@ -284,7 +284,7 @@ def test_a_certified_exit_is_chosen_on_the_calibration_split_alone(tiny_runs, mo
     """calibrated_exit(certify=(epsilon, delta)): Learn-then-Test picks the threshold from the held-out
     images before the test split is read once, and the result says what was certified."""
     from recurvit.analysis import exit as exit_mod
-    from recurvit.run.checkpoint import load_model_and_config
+    import recurvit
 
     seen = {}
     real_build, real_certify = recurvit.data.build_datasets, exit_mod.certify_exit
@@ -300,7 +300,8 @@ def test_a_certified_exit_is_chosen_on_the_calibration_split_alone(tiny_runs, mo
 
     monkeypatch.setattr(recurvit.data, "build_datasets", build)
     monkeypatch.setattr(exit_mod, "certify_exit", certify)
-    model, cfg = load_model_and_config(tiny_runs / "ds3__seed=0" / "last.pt")
+    loaded = recurvit.load(tiny_runs / "ds3__seed=0" / "last.pt")
+    model, cfg = loaded.model, loaded.config
     res = exit_mod.calibrated_exit(model, cfg, torch.device("cpu"), "max_prob", certify=(0.2, 0.1), time_batches=1)
     assert seen["reads_at_certify"] == 0 and seen["test"].reads > 0
     cert = res["certify"]

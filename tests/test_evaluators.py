@@ -268,10 +268,11 @@ def test_the_per_step_evaluators_record_their_figures_from_the_analyses(tmp_path
     assert len(p["drops"]) == 3 and all(len(row) == 6 for row in p["drops"]) and -1 <= a["prune_split_r"] <= 1
     assert len(a["per_step"]["skip_drop"]) == 3 and a["skip_drop_T"] == a["per_step"]["skip_drop"][-1]
     from recurvit.run.loaders import build_test_loader
-    from recurvit.run.checkpoint import load_model_and_config
+    import recurvit
 
     out = tmp_path / "runs" / "runs" / "a__seed=0"
-    model, cfg = load_model_and_config(out / "last.pt")
+    loaded = recurvit.load(out / "last.pt")
+    model, cfg = loaded.model, loaded.config
     loader, info = build_test_loader(cfg)
     run = Evaluated(model.eval(), cfg, out, torch.device("cpu"), loader, info)
     batches = classify_eval.first_images(run, 64)

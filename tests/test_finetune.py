@@ -6,12 +6,11 @@ import pytest
 import torch
 
 from conftest import TINY
-from recurvit import create_model
+from recurvit import create_model, load
 from recurvit.cli import main
 from recurvit.errors import UserError
 from recurvit.layers.lora import LoRALinear, add_lora, lora_layers, lora_parameters, merge_lora
 from recurvit.models.adapters import unroll_step_lora
-from recurvit.run.checkpoint import load_model_and_config as load_run
 from recurvit.tasks.finetune import prepare
 
 
@@ -165,9 +164,10 @@ def test_finetune_cli_runs_saves_and_reloads(source, tmp_path, capsys, method):
     expect = {"head": heads, "lora": adapter + heads, "step_lora": 2 * adapter + heads}.get(method, res["total_params"])
     assert res["trainable_params"] == expect
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["trainable_params"] == expect
-    model, cfg = load_run(out)
+    loaded = load(out)
+    model, cfg = loaded.model, loaded.config
     assert cfg.model.num_classes == 5 and cfg.data.name == "synthetic" and model.head.out_features == 5
-    if method == "step_lora":  # compact form: load_run; the unrolled stack: any command
+    if method == "step_lora":  # compact form: load; the unrolled stack: any command
         assert main(["eval", str(out / "unrolled.pt"), "--json"]) == 0
     else:  # plain (lora: merged) weights: recurvit eval reads it as any run
         assert not lora_layers(model)

@@ -4,6 +4,7 @@ import json
 import pytest
 import torch
 
+import recurvit
 from recurvit.config import load_config
 from recurvit.errors import UserError
 from recurvit.run import checkpoint as ckpt_io
@@ -34,7 +35,7 @@ def test_digits_run_learns_and_writes_its_run_directory(tmp_path):
     assert [r["epoch"] for r in rows] == list(range(1, 7))
     assert {"epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "img_per_s", "seconds"} <= set(rows[-1])
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
-    model = ckpt_io.load_model(run)
+    model = recurvit.load_model(run)
     assert model.cfg.img_size == 8 and model.cfg.in_chans == 1 and model.cfg.num_classes == 10
 
 
@@ -68,15 +69,15 @@ def test_checkpoint_errors_are_user_errors(tmp_path):
     last = (tmp_path / "run" / "last.pt").read_bytes()
     (tmp_path / "trunc.pt").write_bytes(last[: len(last) // 2])
     with pytest.raises(UserError, match="corrupt, truncated"):
-        ckpt_io.load_model(tmp_path / "trunc.pt")
+        recurvit.load_model(tmp_path / "trunc.pt")
     torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
     with pytest.raises(UserError, match="not a recurvit checkpoint"):
-        ckpt_io.load_model(tmp_path / "foreign.pt")
+        recurvit.load_model(tmp_path / "foreign.pt")
     ck = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     ck["config"]["model"]["embed_dim"] = 24  # the weights no longer fit the config
     torch.save(ck, tmp_path / "mismatch.pt")
     with pytest.raises(UserError, match="does not match"):
-        ckpt_io.load_model(tmp_path / "mismatch.pt")
+        recurvit.load_model(tmp_path / "mismatch.pt")
 
 
 def test_atomic_save_leaves_old_file_on_failure(tmp_path):

@@ -1,6 +1,6 @@
 """recurvit: recurrent-depth vision transformers.
 
-Public API: ``create_model``, ``list_models``, ``model_config``, ``load_model`` and the run config
+Public API: ``create_model``, ``list_models``, ``model_config``, ``load`` / ``load_model`` and the run config
 dataclasses. Attributes are imported on first use (PEP 562), so ``import recurvit`` and the
 command line's ``--help`` do not pay for importing torch.
 """
@@ -17,24 +17,24 @@ _LAZY = {
     "load_config": "recurvit.config", "ModelConfig": "recurvit.config", "DataConfig": "recurvit.config",
     "TrainConfig": "recurvit.config", "RunConfig": "recurvit.config", "predict": "recurvit.export",
 }
-__all__ = ["create_model", "list_models", "load_model", "model_config", "load_config", "predict",
+__all__ = ["create_model", "list_models", "load", "load_model", "model_config", "load_config", "predict",
            "ModelConfig", "DataConfig", "TrainConfig", "RunConfig", "__version__"]
 
 
+def load(path, map_location="cpu", **overrides):
+    """What a run directory, a checkpoint file, a folder written by ``recurvit export --format hf`` or a
+    ``.safetensors`` file written by ``--format safetensors`` holds: a :class:`recurvit.run.load.Loaded`
+    (``.model`` in eval mode with its trained weights, ``.config`` its run config). ``overrides`` are core
+    options to run it with (e.g. ``core="ode"``, ``method="rk4"``, ``steps=24``)."""
+    from . import tasks  # noqa: F401  (registers every task's checkpoint reader)
+    from .run.load import load as _load
+
+    return _load(path, map_location, **overrides)
+
+
 def load_model(path, map_location="cpu", **overrides):
-    """Model from a run directory, a checkpoint file, a folder written by ``recurvit export --format hf``
-    or a ``.safetensors`` file written by ``--format safetensors``, with its trained weights, in eval mode.
-    ``overrides`` are core options to run it with (e.g. ``core="ode"``, ``method="rk4"``, ``steps=24``)."""
-    from pathlib import Path
-
-    from .export.hf import is_hf_folder, load_hf, load_safetensors
-    from .run.checkpoint import load_model as _load
-
-    if is_hf_folder(path):
-        return load_hf(path, **overrides).to(map_location)
-    if Path(path).suffix == ".safetensors":
-        return load_safetensors(path, **overrides).to(map_location)
-    return _load(path, map_location=map_location, **overrides)
+    """The classifier at ``path`` (anything :func:`load` reads), its model alone."""
+    return load(path, map_location, **overrides).classifier(path).model
 
 
 def __getattr__(name):

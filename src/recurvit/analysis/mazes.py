@@ -120,9 +120,10 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
     from dataclasses import replace
 
     from ..data.mazes import maze_test_sets
-    from ..run.checkpoint import load_model_and_config
+    from ..run.load import load
 
-    model, cfg = load_model_and_config(run)
+    loaded = load(run)
+    model, cfg = loaded.model, loaded.config
     data = replace(cfg.data, maze_test_sizes=list(sizes or cfg.data.maze_test_sizes),
                    maze_test=int(n or cfg.data.maze_test))
     dev = torch.device(device)

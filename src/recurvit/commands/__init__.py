@@ -87,23 +87,28 @@ def add_run_args(p, what: str = "run directory or checkpoint") -> None:
     add_device_arg(p)
 
 
+def load_trained(path, **options):
+    """:func:`recurvit.run.load.load` of a run directory, checkpoint or exported model, with every task's
+    checkpoint reader registered (importing recurvit.tasks registers them)."""
+    from .. import tasks  # noqa: F401
+    from ..run.load import load
+
+    return load(path, **options)
+
+
 def open_trained(args, **options):
-    """(model on its device, config, device, test loader, data info) of the run (or exported folder) a
-    command reads: the model with
-    its weights (``options``: core options to run it with; NaN weights refused), ``--data-root``
-    applied, the device of ``--device`` and the run's test split."""
-    from ..export.hf import is_hf_folder, read_hf
-    from ..run.checkpoint import check_finite, load_model_and_config
+    """(model on its device, config, device, test loader, data info) of the classifier a command reads (a run
+    directory, a checkpoint or an exported model): its weights (``options``: core options to run it with;
+    NaN weights refused), ``--data-root`` applied, the device of ``--device`` and the run's test split."""
+    from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.loaders import build_test_loader
 
-    if is_hf_folder(args.run):  # a folder written by `recurvit export --format hf`
-        if options:
-            raise UserError(f"core options ({', '.join(options)}) apply to a run directory, not to an exported "
-                            f"folder; evaluate the run {args.run} came from")
-        model, cfg = read_hf(args.run)
-    else:
-        model, cfg = load_model_and_config(args.run, **options)
+    loaded = load_trained(args.run, **options).classifier(args.run)
+    if loaded.checkpoint is None and not (loaded.data_record or {}).get("name"):
+        raise UserError(f"{args.run} does not say which data set its model was trained on; evaluate the run "
+                        "directory it came from")
+    model, cfg = loaded.model, loaded.config
     check_finite(model, args.run)  # NaN weights would report meaningless figures (a constant argmax)
     apply_data_root(cfg, getattr(args, "data_root", None))
     device = pick_device(args.device)

@@ -24,42 +24,33 @@ def add_parser(sub):
                    help="with --format onnx or torch-export: OUT is a folder of three programs, embed, step (one "
                         "application of the core's step) and readout, and manifest.json, that "
                         "recurvit.export.deploy.StepProgram runs with a per-image early exit (the ODE core has none)")
+    p.add_argument("--fused", action="store_true",
+                   help="with --steps-program: also write fused programs, the step and the readout after it in one "
+                        "program (outputs: the next state, logits, max-softmax confidence), so a runtime deciding "
+                        "an exit after every step makes one call a step")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     return p
 
 
 def run(args) -> int:
-    from ..errors import UserError
-    from ..export.hf import export_hf
+    from . import load_trained
 
     out_of(args)
     if args.steps_program:
         return _steps_program(args)
-    if args.format == "hf":
-        written = export_hf(args.run, args.out)
-        files = sorted(str(p) for p in written.iterdir())
-    elif args.format in ("torch-export", "onnx"):
+    if args.format in ("torch-export", "onnx"):
+        from .. import tasks  # noqa: F401  (registers the checkpoint readers export_program loads with)
         from ..export.program import export_program
 
         files = [str(export_program(args.run, args.out, args.format))]
     else:
-        from safetensors.torch import save
+        from ..export.hf import export_hf, export_safetensors
 
-        from ..run.atomic import atomic_write
-        from ..run.checkpoint import check_finite
-        from ..run.outputs import output_dir
-
-        if args.out.exists():
-            raise UserError(f"{args.out} exists; choose another OUT")
-        output_dir(args.out.parent, "OUT")
-        from ..export.hf import safetensors_metadata
-        from ..run.checkpoint import load_model_and_config
-
-        model, cfg = load_model_and_config(args.run)
-        check_finite(model, args.run)
-        data = save({k: v.contiguous() for k, v in model.state_dict().items()}, metadata=safetensors_metadata(model, cfg))
-        atomic_write(args.out, lambda f: f.write(data), needed=len(data))
-        files = [str(args.out)]
+        loaded = load_trained(args.run).classifier(args.run)
+        if args.format == "hf":
+            files = sorted(str(p) for p in export_hf(loaded, args.out).iterdir())
+        else:
+            files = [str(export_safetensors(loaded, args.out))]
     if args.json:
         print_json({"run": str(args.run), "format": args.format, "files": files})
     else:
@@ -70,7 +61,7 @@ def run(args) -> int:
 def _steps_program(args) -> int:
     from ..export.steps import export_steps
 
-    files = sorted(str(p) for p in export_steps(args.run, args.out, args.format).iterdir())
+    files = sorted(str(p) for p in export_steps(args.run, args.out, args.format, fused=args.fused).iterdir())
     if args.json:
         print_json({"run": str(args.run), "format": args.format, "steps_program": True, "files": files})
     else:

@@ -18,7 +18,8 @@ def add_parser(sub):
                                    "recurvit predict RUN cat.png --json. A dense (maze) run writes each image's "
                                    "predicted path beside it, as NAME.path.png: recurvit predict MAZE_RUN maze.png "
                                    "--steps 120")
-    p.add_argument("run", type=Path, help="run directory or checkpoint file")
+    p.add_argument("run", type=Path, help="run directory, checkpoint, or a model written by recurvit export "
+                   "(an hf folder or a .safetensors file)")
     p.add_argument("images", nargs="+", type=Path, help="image files or folders of images")
     p.add_argument("--topk", type=int, default=5, help="classes to print per image")
     p.add_argument("--steps", type=int, help="steps to run (default: the trained depth)")
@@ -37,15 +38,16 @@ CSV_HEADER = ["image", "rank", "label", "prob"]  # the first line of every --csv
 def run(args) -> int:
     from ..errors import UserError
     from ..export.predict import image_files, predict, read_images
-    from ..run.checkpoint import check_finite, load_model
+    from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.outputs import claim_file, write_text
+    from . import load_trained
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     if args.csv:  # before any work: never over a file predict did not write (a checkpoint, a config)
         claim_file(args.csv, ",".join(CSV_HEADER).encode(), what="--csv")
-    model = load_model(args.run)
+    model = load_trained(args.run).classifier(args.run).model
     if not getattr(model, "pretrained_cfg", None):
         raise UserError(f"{args.run} carries no preprocessing and its data set is not at hand to derive it; "
                         "train it again with this recurvit (checkpoints now keep it)")

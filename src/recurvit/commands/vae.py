@@ -158,6 +158,7 @@ def _train(args) -> int:
 
 def _setup(args):
     """(model on device, cfg, test set, test loader, device) of a run."""
+    from .. import tasks  # noqa: F401  (registers the LoopVAE task's checkpoint reader)
     from ..run.device import pick_device
     from ..vae.data import build_vae_datasets
     from ..vae.evaluate import load_vae_run, make_test_loader

@@ -4,7 +4,7 @@ arguments and the preprocessing) and ``model.safetensors``, written by timm's ow
     recurvit export RUN --format hf --out OUT
     timm.create_model("local-dir:OUT", pretrained=True)                 # the same logits as the run
     timm.create_model("local-dir:OUT", pretrained=True, num_classes=5)  # fine-tuning: a new head
-    recurvit.load_model(OUT, core="ode")                                # through recurvit, with overrides
+    recurvit.load_model(OUT, core="ode")                                # through recurvit (run.load), with overrides
     timm.models.push_to_hf_hub(model, "user/name")                      # publishing (network: not tested here)
 
 The architecture is named by the model's real shape, ``FAMILY_SIZE_patchP_S`` (``bvit_tiny_patch4_8`` for
@@ -58,126 +58,59 @@ def _timm_twin(model, cfg):
     return twin.eval(), args
 
 
-def export_hf(run: Path, out: Path) -> Path:
-    """``out``: a new folder with config.json and model.safetensors, written by ``timm.models.save_for_hf``
-    under a temporary name and renamed when complete (a kill leaves no half folder)."""
+def _exportable(loaded, source) -> None:
+    """What an export refuses: NaN weights, and per-step adapters (they cannot be one set of weights)."""
+    from ..errors import UserError
+    from ..run.checkpoint import check_finite
+
+    check_finite(loaded.model, source)
+    if getattr(loaded.model, "adapters", None):
+        raise UserError("a step-LoRA fine-tune cannot be exported as one set of weights; export its unrolled.pt")
+
+
+def export_hf(loaded, out: Path) -> Path:
+    """``out``: a new folder with config.json and model.safetensors of a loaded classifier
+    (:func:`recurvit.run.load.load`), written by ``timm.models.save_for_hf`` under a temporary name and
+    renamed when complete (a kill leaves no half folder)."""
     from timm.models import save_for_hf
 
-    from ..errors import UserError
-    from ..run.checkpoint import check_finite, load_model_and_config
     from ..run.outputs import staged_dir
 
-    model, cfg = load_model_and_config(run)
-    check_finite(model, run)
-    if getattr(model, "adapters", None):
-        raise UserError("a step-LoRA fine-tune cannot be exported as one set of weights; export its unrolled.pt")
+    _exportable(loaded, loaded.source)
+    model, cfg = loaded.model, loaded.config
     twin, args = _timm_twin(model, cfg)
-    data = (getattr(model, "pretrained_cfg", None) or {}).get("recurvit_data")
     extra = {"label_names": twin.pretrained_cfg.get("label_names") or [],
-             "recurvit": {"model": cfg.model.name, "data": data}}
+             "recurvit": {"model": cfg.model.name, "data": loaded.data_record}}
     with staged_dir(Path(out)) as tmp:
         save_for_hf(twin, tmp, model_config=extra, model_args=args, safe_serialization=True)
     return Path(out)
 
 
-def is_hf_folder(path: Path) -> bool:
-    return (Path(path) / "config.json").is_file() and (Path(path) / "model.safetensors").is_file()
-
-
-def hf_run_config(path: Path):
-    """The run config an evaluation of an exported folder needs: the model's name and classes, and the
-    data set (name and root) it was trained on, as the folder's config.json records them."""
-    from ..config import DataConfig, ModelConfig, RunConfig
-    from ..errors import UserError
-
-    config = json.loads((Path(path) / "config.json").read_text())
-    data = (config.get("recurvit") or {}).get("data")
-    if not data or not data.get("name"):
-        raise UserError(f"{path} does not say which data set its model was trained on (exported by an older "
-                        "recurvit?); evaluate the run directory it came from")
-    return RunConfig(model=ModelConfig(name=config["recurvit"]["model"], num_classes=config.get("num_classes")),
-                     data=DataConfig(name=data["name"], root=data.get("root")))
-
-
-def read_hf(path: Path):
-    """(model, run config) of an exported folder; a damaged config.json or model.safetensors is one line."""
-    from safetensors import SafetensorError
+def export_safetensors(loaded, out: Path) -> Path:
+    """``out``: the weights of a loaded classifier as one new safetensors file whose header names the model and
+    its preprocessing (``recurvit.load(out)`` rebuilds it), written atomically."""
+    from safetensors.torch import save
 
     from ..errors import UserError
+    from ..run.atomic import atomic_write
+    from ..run.outputs import output_dir
 
-    try:
-        return load_hf(path), hf_run_config(path)
-    except UserError:
-        raise
-    except (SafetensorError, ValueError, KeyError, TypeError, AttributeError, OSError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot read the exported folder {path}: its config.json or model.safetensors is damaged "
-                        f"({first}); export the run again") from None
-
-
-def _recurvit_args(args: Dict[str, Any]) -> Dict[str, Any]:
-    """timm's ``model_args`` as recurvit's ``create_model`` keywords (timm writes a size as [H, W])."""
-    args = dict(args)
-    for key in ("img_size", "patch_size"):
-        if isinstance(args.get(key), (list, tuple)):
-            args[key] = int(args[key][0])
-    return args
-
-
-def load_hf(path: Path, **overrides):
-    """A folder written by :func:`export_hf`, as recurvit's model with its preprocessing; ``overrides`` are
-    core options to run it with (``core="ode"``, ``steps=24``), as for a run directory."""
-    from safetensors.torch import load_file
-
-    from ..models import create_model
-    from ..run.checkpoint import load_state
-    from ..run.preprocessing import pretrained_cfg
-
-    config = json.loads((Path(path) / "config.json").read_text())
-    args = {**_recurvit_args(config["model_args"]), **{k: v for k, v in overrides.items() if v is not None}}
-    model = create_model(config["recurvit"]["model"], **args)
-    load_state(model, load_file(str(Path(path) / "model.safetensors")), path)
-    data = config["recurvit"].get("data")
-    if data:
-        model.pretrained_cfg = pretrained_cfg(data, config["num_classes"])
-    return model.eval()
-
-
-SAFETENSORS_KEY = "recurvit"  # the safetensors header entry: {"model": preset, "model_args": ..., "data": ...}
+    out = Path(out)
+    if out.exists():
+        raise UserError(f"{out} exists; choose another OUT")
+    output_dir(out.parent, "OUT")
+    _exportable(loaded, loaded.source)
+    model = loaded.model
+    data = save({k: v.contiguous() for k, v in model.state_dict().items()},
+                metadata=safetensors_metadata(model, loaded.config))
+    atomic_write(out, lambda f: f.write(data), needed=len(data))
+    return out
 
 
 def safetensors_metadata(model, cfg) -> Dict[str, str]:
-    """What ``load_model(FILE.safetensors)`` needs to rebuild the model, as a safetensors header entry."""
+    """What ``load(FILE.safetensors)`` needs to rebuild the model, as a safetensors header entry."""
+    from ..run.load import SAFETENSORS_KEY
+
     data = (getattr(model, "pretrained_cfg", None) or {}).get("recurvit_data")
     args = {**model_args(cfg), "core": model.cfg.core}
     return {SAFETENSORS_KEY: json.dumps({"model": cfg.model.name, "model_args": args, "data": data})}
-
-
-def load_safetensors(path: Path, **overrides):
-    """A ``.safetensors`` file written by ``recurvit export --format safetensors`` (its header says which
-    model), or the ``model.safetensors`` of an exported folder (its ``config.json`` does)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    from ..errors import UserError
-    from ..models import create_model
-    from ..run.checkpoint import load_state
-    from ..run.preprocessing import pretrained_cfg
-
-    path = Path(path)
-    if is_hf_folder(path.parent) and path.name == "model.safetensors":
-        return load_hf(path.parent, **overrides)
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = (f.metadata() or {}).get(SAFETENSORS_KEY)
-    except Exception as e:  # noqa: BLE001  (safetensors' errors are of several kinds)
-        raise UserError(f"cannot read {path}: not a safetensors file ({str(e).strip()[:120]})") from None
-    if not meta:
-        raise UserError(f"{path} does not say which model its weights are for (not written by recurvit export "
-                        "--format safetensors); build the model with recurvit.create_model and load_state_dict")
-    meta = json.loads(meta)
-    model = create_model(meta["model"], **{**meta["model_args"], **{k: v for k, v in overrides.items() if v is not None}})
-    load_state(model, load_file(str(path)), path)
-    if meta.get("data"):
-        model.pretrained_cfg = pretrained_cfg(meta["data"], model.cfg.num_classes)
-    return model.eval()

@@ -54,7 +54,8 @@ def read_preprocessing(path: Path) -> Dict[str, Any]:
 def export_program(run: Path, out: Path, fmt: str = "torch-export") -> Path:
     from ..errors import UserError
     from ..run.atomic import atomic_write
-    from ..run.checkpoint import check_finite, load_model
+    from ..run.checkpoint import check_finite
+    from ..run.load import load_model
     from ..run.outputs import claim_file, output_dir, write_by_name
 
     out = Path(out)

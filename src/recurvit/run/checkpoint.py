@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pickle
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -20,12 +21,17 @@ from ..errors import UserError
 FORMAT = "recurvit-checkpoint-v1"
 
 
+# Files that mark a run directory whose best.pt was never chosen on the test split even without a validation
+# split (a fine-tune's recipe, finetune.json: its best.pt is its deployable weights); tasks add theirs.
+BEST_WITHOUT_HOLDOUT: set = set()
+
+
 def _validated(run_dir: Path) -> bool:
-    """Whether the run's best.pt was not chosen on the test split: it held out a validation split, or it
-    is a fine-tune (whose best.pt is its deployable weights: the validated or the last epoch)."""
+    """Whether the run's best.pt was not chosen on the test split: it held out a validation split, or its
+    task writes a best.pt without one (:data:`BEST_WITHOUT_HOLDOUT`)."""
     import yaml
 
-    if (run_dir / "finetune.json").is_file():
+    if any((run_dir / name).is_file() for name in BEST_WITHOUT_HOLDOUT):
         return True
     try:
         cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
@@ -128,31 +134,52 @@ def load_state(model: nn.Module, state: Dict[str, torch.Tensor], source: str | P
         raise UserError(f"checkpoint {source} does not match its model: {detail[:200]}") from None
 
 
-def load_model(path: str | Path, map_location: Any = "cpu", **overrides) -> nn.Module:
-    """Model from a run directory or checkpoint with its weights, in eval mode.
-
-    ``overrides`` change how it runs (e.g. ``method="rk4"``, ``steps=24`` for an ODE model);
-    parameters must still match the checkpoint.
-    """
-    model, _ = load_model_and_config(path, map_location, **overrides)
-    return model
+def task_of(ckpt: Dict[str, Any]) -> str:
+    """The task that wrote a checkpoint (one written before checkpoints named it is a classification's)."""
+    return ckpt.get("task", "classify")
 
 
-def load_model_and_config(path: str | Path, map_location: Any = "cpu", **overrides) -> Tuple[nn.Module, RunConfig]:
-    p = resolve_checkpoint(path)
-    ckpt = load_checkpoint(p, map_location)
-    if ckpt.get("task") == "vae":
-        raise UserError(f"{p} is a LoopVAE run; use `recurvit vae eval {path}`")
-    cfg = config_from_checkpoint(ckpt)
-    model = build_model_from_config(cfg, **overrides)
-    if ckpt.get("adapter"):  # a step-LoRA fine-tune: per-step adapters cannot be merged into one block
-        from ..models.adapters import attach_adapters
+@dataclass(frozen=True)
+class Reader:
+    """How the checkpoints of one task become a model again. Each task registers its reader under its
+    name (``recurvit.tasks`` does, for every task), so loading branches on no task's name."""
 
-        attach_adapters(model, ckpt["adapter"])
-    load_state(model, ckpt["model"], p)
-    model.eval()
+    # (checkpoint, its path, **overrides) -> (model with the checkpoint's weights, the typed run config)
+    read: Callable[..., Tuple[nn.Module, Any]]
+    # None: the model gives class logits, so eval / predict / export read it; else the command that reads
+    # this task's runs (a LoopVAE run: "recurvit vae eval"), named in the refusal of the others
+    use: Optional[str] = None
+
+
+READERS: Dict[str, Reader] = {}  # checkpoint["task"] -> its reader
+
+
+def register_reader(task: str, reader: Reader) -> None:
+    READERS[task] = reader
+
+
+def reader_of(ckpt: Dict[str, Any], source: str | Path) -> Reader:
+    task = task_of(ckpt)
+    if task not in READERS:
+        known = ", ".join(sorted(READERS)) or "none: import recurvit.tasks, which registers every task's"
+        raise UserError(f"{source} is a checkpoint of task '{task}', which has no reader here (readers: {known})")
+    return READERS[task]
+
+
+def read_model(ckpt: Dict[str, Any], source: str | Path, **overrides) -> Tuple[nn.Module, RunConfig]:
+    """The reader of checkpoints whose config is a :class:`~recurvit.config.RunConfig` (classification,
+    dense, fine-tunes): the run's model from the model registry (``overrides``: core options to run it
+    with), the adapters a step-LoRA fine-tune was trained with (per-step adapters cannot be merged into one
+    block: the checkpoint carries their spec), its weights, and its preprocessing as timm reads it."""
+    from ..models.adapters import attach_adapters
     from .preprocessing import preprocessing_of, pretrained_cfg
 
+    cfg = config_from_checkpoint(ckpt)
+    model = build_model_from_config(cfg, **overrides)
+    if ckpt.get("adapter"):
+        attach_adapters(model, ckpt["adapter"])
+    load_state(model, ckpt["model"], source)
+    model.eval()
     data = preprocessing_of(ckpt, cfg)
     if data is not None:  # timm.data.resolve_data_config(model=m) reads it
         model.pretrained_cfg = pretrained_cfg(data, model.cfg.num_classes)

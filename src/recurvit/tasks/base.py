@@ -3,6 +3,8 @@
 A task is one file in ``tasks/`` plus one entry in ``recurvit.tasks.TASKS``. It defines:
 
 - ``name``: the checkpoint's ``task`` key (a resume of another task's run is refused).
+- ``reader``: how its checkpoints become a model again (:class:`recurvit.run.checkpoint.Reader`), which
+  ``recurvit.tasks`` registers for :func:`recurvit.run.load.load`.
 - (optional) the data it trains: ``DATA_TASKS[data name] = TaskClass`` makes ``recurvit train`` pick it
   for that data (the mazes: the dense task).
 - ``cfg``: its typed run config (``cfg.train`` has at least seed, epochs, eval_every, device,
@@ -44,6 +46,7 @@ class Task:
     """Base of the tasks: the defaults a simple task keeps (see the module docstring)."""
 
     name = "task"
+    reader = None  # a run.checkpoint.Reader: what load(path) builds from this task's checkpoints
 
     def __init__(self, cfg):
         self.cfg = cfg

@@ -6,8 +6,7 @@ The task never knows which core it drives: it asks the model for logits at reado
 Speed and scale: under torchrun the run is data-parallel (DDP; ``run/distributed.py`` gives the conventions:
 global batch, sample order, rank-0 I/O); ``train.compile=true`` compiles each block (regional
 ``torch.compile``: no recompilation when the step count changes); ``train.activation_checkpointing=true``
-recomputes every block application in backward; bf16 autocast is on by default on CUDA, AdamW fused there.
-"""
+recomputes every block application in backward; bf16 autocast is on by default on CUDA, AdamW fused there."""
 from __future__ import annotations
 
 import time
@@ -160,6 +159,7 @@ class ClassifyTask(Task):
     the validation split (``data.holdout``) and a run without one writes no best.pt."""
 
     name = "classify"
+    reader = ckpt_io.Reader(ckpt_io.read_model)  # its checkpoints hold a RunConfig and the registry's model
 
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)

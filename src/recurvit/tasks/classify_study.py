@@ -65,7 +65,7 @@ def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, An
     """The result row of a trained classification run (its last.pt): the evaluators of ``eval_spec``,
     its cost (parameters, FLOPs, NFE) and its curves; ``metrics``: what its training returned."""
     from ..analysis.accounting import account
-    from ..run.checkpoint import load_model_and_config
+    from ..run.load import load
     from ..run.device import pick_device
     from ..run.loaders import build_test_loader
     from ..run.rundir import RunDir
@@ -73,12 +73,13 @@ def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, An
     from ..study.plateau import plateau_change
 
     t0 = time.perf_counter()
-    model, cfg = load_model_and_config(out / "last.pt")
+    loaded = load(out / "last.pt")
+    model, cfg = loaded.model, loaded.config
     device = pick_device(cfg.train.device)
     model.to(device)
     test_loader, info = build_test_loader(cfg)
     figures = evaluate_run(Evaluated(model, cfg, out, device, test_loader, info,
-                                     load=lambda **opts: load_model_and_config(out / "last.pt", **opts)[0]),
+                                     load=lambda **opts: load(out / "last.pt", **opts).model),
                            eval_spec, EVALUATORS)
     acct = account(model.cpu(), memory=False)
     mc = model.cfg

@@ -65,13 +65,14 @@ def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, An
     """The result row of a trained maze run (its last.pt: best.pt is chosen on validation at T only)."""
     from ..analysis.accounting import count_params, measure_flops
     from ..data.mazes import maze_pixels
-    from ..run.checkpoint import load_model_and_config
+    from ..run.load import load
     from ..run.device import pick_device
     from ..run.rundir import RunDir
     from ..study.evaluators import Evaluated, evaluate_run
 
     t0 = time.perf_counter()
-    model, cfg = load_model_and_config(out / "last.pt")
+    loaded = load(out / "last.pt")
+    model, cfg = loaded.model, loaded.config
     device = pick_device(cfg.train.device)
     model.to(device)
     figures = evaluate_run(Evaluated(model, cfg, out, device, None, None), eval_spec, EVALUATORS)

@@ -33,7 +33,7 @@ Checkpoints and loading:
   ``last.pt`` holds the training state (lora: unmerged adapters + an ``adapter`` entry).
 - step_lora: T adapters cannot be merged into ONE shared weight. ``best.pt`` holds the compact
   model (shared block + adapters) and an ``adapter`` entry {method, rank, alpha, num_adapters,
-  targets, calls_per_step}, which every command reads (``checkpoint.load_model_and_config``
+  targets, calls_per_step}, which every command reads (``recurvit.run.load.load``
   rebuilds the adapters). When the core is unrollable (a plain recurrent bViT: no step
   conditioning, no re-injection), ``unrolled.pt`` also holds the equivalent stack ViT with T
   merged block copies (same logits, T x block params).
@@ -57,6 +57,7 @@ from ..models.adapters import adapter_spec, attach_adapters, plain_state, unroll
 from ..run import checkpoint as ckpt_io
 from ..run.atomic import write_atomic
 from ..run.device import seed_everything
+from ..run.load import load
 from ..run.loaders import build_loaders, build_val_loader
 from ..train.fit import fit
 from .classify import ClassifyTask
@@ -167,7 +168,7 @@ class FinetuneTask(ClassifyTask):
 
     def build(self, env, device, log, force):
         """The source run's model, the target's loaders (resized to the model's input), new heads, the method."""
-        model, _ = ckpt_io.load_model_and_config(self.source)
+        model = load(self.source).model
         seed_everything(self.cfg.train.seed)  # what follows draws as if the source had been loaded before seeding
         cfg, mc = self.cfg, model.cfg
         if cfg.data.img_size is None:

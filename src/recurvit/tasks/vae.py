@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, RandomSampler
 from tqdm.auto import tqdm
 
 from ..errors import UserError
-from ..run import distributed as dist_io
+from ..run import checkpoint as ckpt_io, distributed as dist_io
 from ..run.device import autocast
 from ..run.progress import bar_options
 from ..train.checks import Diverged
@@ -34,7 +34,7 @@ from ..train.optim import build_optimizer, build_scheduler, optimizer_step
 from ..train.tensorboard import require_tensorboard
 from ..vae.config import VAERunConfig, as_dict, config_from_dict, to_yaml
 from ..vae.data import build_vae_datasets, mean_image
-from ..vae.evaluate import TASK, build_vae_model, evaluate_vae, make_test_loader, mean_image_baseline
+from ..vae.evaluate import TASK, build_vae_model, evaluate_vae, make_test_loader, mean_image_baseline, read_vae
 from ..vae.losses import PatchDiscriminator, d_hinge_loss, g_hinge_loss, kl_loss, recon_loss
 from .base import Task
 
@@ -64,6 +64,7 @@ class VAETask(Task):
     """Images -> reconstructions: L1/L2 + KL (+ LPIPS, + a patch discriminator's hinge loss)."""
 
     name = TASK
+    reader = ckpt_io.Reader(read_vae, use="recurvit vae eval")  # not a classifier: eval / predict / export refuse it
 
     def config_dict(self):
         return as_dict(self.cfg)

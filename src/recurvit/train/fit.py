@@ -78,7 +78,7 @@ def check_task(state: Dict[str, Any], task, out: Path) -> None:
     """A resume continues a run of the same task (checkpoints without a task key are classification's)."""
     from ..errors import UserError
 
-    found = state.get("task", "classify")
+    found = ckpt_io.task_of(state)
     if found != task.name:
         raise UserError(f"cannot resume {out}: it is a {found} run, not a {task.name} run "
                         f"(resume it with the command that trained it)")

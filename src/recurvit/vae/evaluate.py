@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import UserError
 from ..run import checkpoint as ckpt_io
 from ..run.device import autocast
+from ..run.load import load
 from .config import VAERunConfig, config_from_dict
 from .metrics import out_of_range, psnr, ssim, to_unit
 
@@ -36,17 +37,24 @@ def build_vae_model(cfg: VAERunConfig) -> nn.Module:
     return model
 
 
-def load_vae_run(path: str | Path, map_location: Any = "cpu") -> Tuple[nn.Module, VAERunConfig, dict]:
-    """(model in eval mode with its weights, config, checkpoint) from a VAE run directory or checkpoint."""
-    p = ckpt_io.resolve_checkpoint(path)
-    ckpt = ckpt_io.load_checkpoint(p, map_location)
-    if ckpt.get("task") != TASK:
-        raise UserError(f"{p} is not a VAE checkpoint (written by `recurvit train`?); use `recurvit eval` for it")
+def read_vae(ckpt: Dict[str, Any], source: Path, **overrides) -> Tuple[nn.Module, VAERunConfig]:
+    """The reader of LoopVAE checkpoints (the task's ``reader``, through which :func:`recurvit.run.load.load`
+    opens them): the config's model with the checkpoint's weights."""
+    if overrides:
+        raise UserError(f"{', '.join(overrides)}: core options do not apply to a LoopVAE run ({source})")
     cfg = config_from_dict(ckpt["config"])
     model = build_vae_model(cfg)
-    ckpt_io.load_state(model, ckpt["model"], p)
-    model.eval()
-    return model, cfg, ckpt
+    ckpt_io.load_state(model, ckpt["model"], source)
+    return model.eval(), cfg
+
+
+def load_vae_run(path: str | Path, map_location: Any = "cpu") -> Tuple[nn.Module, VAERunConfig, dict]:
+    """(model in eval mode with its weights, config, checkpoint) from a VAE run directory or checkpoint."""
+    loaded = load(path, map_location)
+    if loaded.task != TASK:
+        raise UserError(f"{loaded.source} is not a VAE checkpoint (written by `recurvit train`?); use "
+                        f"`recurvit eval` for it")
+    return loaded.model, loaded.config, loaded.checkpoint
 
 
 def make_test_loader(dataset: Dataset, batch_size: int = 256, num_workers: int = 0) -> DataLoader:
@@ -153,4 +161,4 @@ def save_grid(model: nn.Module, dataset: Dataset, path: str | Path, device: torc
     return save_figure(fig, Path(path))
 
 
-__all__ = ["TASK", "build_vae_model", "load_vae_run", "evaluate_vae", "mean_image_baseline", "save_grid", "make_test_loader"]
+__all__ = ["TASK", "build_vae_model", "read_vae", "load_vae_run", "evaluate_vae", "mean_image_baseline", "save_grid", "make_test_loader"]
