@@ -1,21 +1,30 @@
-"""recurvit horizon RUN_DIR [--steps K] [--json]"""
+"""recurvit horizon RUN_DIR [--steps K] [--json]; a maze run: [--sizes S ...] [--mazes N]"""
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import DeprecatedOption, add_device_arg, add_force_arg, check_cost, open_trained, print_json
+from . import DeprecatedOption, add_device_arg, add_force_arg, check_cost, load_trained, open_trained, print_json
 
 
 def add_parser(sub):
     p = sub.add_parser("horizon", help="accuracy at every step up to K, beyond the training depth",
                        description="Writes horizon.csv (step, accuracy, loss, rel_change) and horizon.png into the "
                                    "run directory, in one pass of K block applications, and reports accuracy at "
-                                   "T, 2T, 4T, 8T and 16T, the mean over T..4T and the data set's chance level.")
+                                   "T, 2T, 4T, 8T and 16T, the mean over T..4T and the data set's chance level. "
+                                   "A maze run (model.dense): the share of mazes solved after every iteration up to "
+                                   "K (default 10T) at every test size, in one pass a batch, written as "
+                                   "horizon.csv / horizon.png / horizon.json, with solved at T, 2T, 4T, 10T a size "
+                                   "and the two stopping rules (max confidence, a stable mask).")
     p.add_argument("run", type=Path, help="run directory or checkpoint file")
     p.add_argument("--steps", type=int, metavar="K",
-                   help="steps to sweep (default 16T; a stack or SoftMoR model stops at its depth)")
+                   help="steps to sweep (default 16T, 10T for a maze run; a stack or SoftMoR model stops at "
+                        "its depth)")
     p.add_argument("--max-steps", dest="steps", type=int, action=DeprecatedOption, new="--steps")
     p.add_argument("--out", type=Path, help="directory for horizon.csv / horizon.png (default: the run directory)")
+    p.add_argument("--sizes", type=int, nargs="+", metavar="S",
+                   help="maze run: the maze sizes to test (default: the run's data.maze_test_sizes)")
+    p.add_argument("--mazes", type=int, default=200, metavar="N",
+                   help="maze run: test mazes a size (default: 200)")
     p.add_argument("--data-root", help="where the run's data set lives now (overrides data.root)")
     add_force_arg(p)
     add_device_arg(p)
@@ -30,6 +39,8 @@ def run(args) -> int:
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
+    if load_trained(args.run).config.data.name == "mazes":  # the dense task (its data chooses it)
+        return _mazes(args)
     model, cfg, device, test_loader, info = open_trained(args)
     out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))  # before the work
     T = model.nominal_steps
@@ -58,4 +69,65 @@ def run(args) -> int:
     print("  " + "  ".join(f"acc@{name} {fmt(summary[key])}" for name, key in keys if summary[key] is not None)
           + f"  mean acc T..4T {fmt(summary['acc_mean_T_4T'])}  chance {chance:.4f}")
     print(f"  wrote {summary['csv']} and {summary['png']}")
+    return 0
+
+
+def _mazes(args) -> int:
+    """The thinking-longer sweep of a maze run (see :mod:`recurvit.analysis.mazes`)."""
+    import csv
+    import json
+    from dataclasses import replace
+
+    from torch.utils.data import DataLoader
+
+    from ..analysis.mazes import maze_sweep_sizes, plot_solved, summarize_mazes
+    from ..data.mazes import maze_test_sets
+    from ..errors import UserError
+    from ..run.checkpoint import check_finite
+    from ..run.device import pick_device
+    from ..run.outputs import output_dir
+
+    if args.mazes < 1 or any(s < 5 or s % 2 == 0 for s in args.sizes or ()):
+        raise UserError(f"--mazes must be >= 1 and every --sizes an odd number >= 5, got {args.mazes} and "
+                        f"{args.sizes}")
+    loaded = load_trained(args.run)
+    model, cfg = loaded.model, loaded.config
+    check_finite(model, args.run)
+    out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))
+    device = pick_device(args.device)
+    model = model.to(device)
+    T = model.nominal_steps
+    K = args.steps or 10 * T
+    data = replace(cfg.data, maze_test_sizes=sorted(set(args.sizes or cfg.data.maze_test_sizes)),
+                   maze_test=args.mazes)
+    sets = maze_test_sets(data)
+    largest = sets[max(sets)]
+    batch = 50
+    check_cost(model, DataLoader(largest, batch_size=batch), device, K, len(sets) * -(-args.mazes // batch), args)
+    sweeps = maze_sweep_sizes(model, sets, device, K, batch_size=batch)
+    rows = summarize_mazes(sweeps, T)
+    with open(out_dir / "horizon.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["size", "step", "solved", "pixel_acc"])
+        for size, sw in sorted(sweeps.items()):
+            w.writerows([size, k, s, a] for k, s, a in zip(sw["step"], sw["solved"], sw["accuracy"]))
+    run_name = (args.run if args.run.is_dir() else args.run.parent).resolve().name
+    plot_solved(sweeps, T, out_dir / "horizon.png",
+                title=f"{run_name}: trained at {cfg.data.maze_size}x{cfg.data.maze_size}, T = {T}, swept to {K}")
+    summary = {"run": str(args.run), "model": cfg.model.name, "trained_steps": T, "max_steps": K,
+               "mazes": args.mazes, "rows": rows, "csv": str(out_dir / "horizon.csv"),
+               "png": str(out_dir / "horizon.png")}
+    (out_dir / "horizon.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if args.json:
+        print_json(summary)
+        return 0
+    pct = lambda v: "   -  " if v is None else f"{100 * v:5.1f}%"  # noqa: E731
+    print(f"{cfg.model.name}: trained at {cfg.data.maze_size}x{cfg.data.maze_size} with T={T}, swept K={K}, "
+          f"{args.mazes} test mazes a size; solved at")
+    print("   size      T     2T     4T    10T   best (iter)  max_conf  stable (mean iters)")
+    for r in rows:
+        print(f"  {r['size']:>2}x{r['size']:<2} {pct(r['solved_T'])} {pct(r['solved_2T'])} {pct(r['solved_4T'])} "
+              f"{pct(r['solved_10T'])} {pct(r['solved_best'])} ({r['best_step']:>3})  {pct(r['max_conf_solved'])}"
+              f"  {pct(r['stable_solved'])} ({r['stable_steps_mean']:.1f})")
+    print(f"  wrote {summary['csv']}, {summary['png']} and {out_dir / 'horizon.json'}")
     return 0

@@ -1,0 +1,48 @@
+"""`recurvit horizon` on a maze run (issue 40): solved after every iteration up to K at every test size, in
+one pass a batch, the same figures as the library's sweep of the run (analysis/mazes.sweep_run), and one
+line with exit 2 for a size no maze can have."""
+import csv
+import json
+
+import pytest
+
+from recurvit.cli import main
+
+TINY = ["mazes/dt_recall_prog", "data.maze_train=32", "data.maze_val=8", "data.maze_test=4", "data.maze_test_sizes=[9,13]",
+        "model.width=8", "model.steps=2", "train.epochs=1", "train.batch_size=16",
+        "train.progress=false", "train.device=cpu"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("horizon_mazes") / "run"
+    assert main(["train", *TINY, "--out", str(out), "--json"]) == 0
+    return out
+
+
+def test_horizon_sweeps_a_maze_run_like_the_library(run, tmp_path, capsys):
+    from recurvit.analysis.mazes import sweep_run
+
+    capsys.readouterr()
+    assert main(["horizon", str(run), "--steps", "5", "--sizes", "9", "13", "--mazes", "3", "--out",
+                 str(tmp_path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["trained_steps"] == 2 and summary["max_steps"] == 5
+    rows = list(csv.DictReader(open(tmp_path / "horizon.csv")))
+    assert [(int(r["size"]), int(r["step"])) for r in rows] == [(s, k) for s in (9, 13) for k in range(1, 6)]
+    want = sweep_run(run, max_steps=5, sizes=[9, 13], n=3)
+    for size in (9, 13):
+        got = [float(r["solved"]) for r in rows if int(r["size"]) == size]
+        assert got == pytest.approx(want["sweeps"][size]["solved"], abs=0)
+    assert summary["rows"] == json.loads(json.dumps(want["rows"]))
+    assert (tmp_path / "horizon.png").stat().st_size > 0
+    assert json.loads((tmp_path / "horizon.json").read_text())["rows"] == summary["rows"]
+
+
+@pytest.mark.parametrize("bad", [["--sizes", "8"], ["--sizes", "3"], ["--mazes", "0"]])
+def test_a_size_no_maze_can_have_is_one_line(run, tmp_path, bad, capsys):
+    capsys.readouterr()
+    assert main(["horizon", str(run), "--out", str(tmp_path), *bad]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("--sizes" in err[0] or "--mazes" in err[0])
+    assert not (tmp_path / "horizon.csv").exists()
