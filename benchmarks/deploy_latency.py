@@ -15,6 +15,9 @@ see below). Each runs as
   have no meaningful confidence, so the threshold is the median of the max-softmax after steps 1..T-1 on a
   separate batch: the row measures the mechanism at the mean steps it reports, not a calibrated exit. (A ViT
   exits only with a head trained after every block, which a random ViT does not have.)
+- ``steps+exit fused`` (bViT only): the same exit on the fused programs (``--steps-program --fused``): the step
+  and the readout after it (with its max softmax) in ONE onnxruntime call a step, where ``steps+exit`` makes two
+  (step, readout) and computes the softmax in numpy; the same threshold, so the same exits;
 - ``steps int8``: the step programs after ``recurvit.export.int8.quantize_steps`` (dynamic int8 MatMuls).
 
 Timing is interleaved: every round times every (model, contender) once, the order rotated per round; at batch 1
@@ -74,7 +77,7 @@ def build(tmp: Path, threads: int, log) -> Tuple[Dict[Tuple[str, str], Callable]
         model = recurvit.create_model(name, **SHAPE, **kw).eval()
         log(f"exporting {label}")
         folder = tmp / name
-        export_steps(model, folder, "onnx")
+        export_steps(model, folder, "onnx", fused=True)
         steps = StepProgram(folder, threads=threads)
         int8 = StepProgram(quantize_steps(folder, tmp / f"{name}-int8"), threads=threads)
         fns[label, "eager"] = lambda x, m=model: m(x)
@@ -87,7 +90,8 @@ def build(tmp: Path, threads: int, log) -> Tuple[Dict[Tuple[str, str], Callable]
             with torch.no_grad():
                 sig = torch.softmax(steps.forward_steps(calib).float(), -1).max(-1).values[:T - 1]
             thr = float(sig.median())
-            fns[label, "steps+exit"] = lambda x, p=steps, t=thr: p.adaptive(x, t)[0]
+            fns[label, "steps+exit"] = lambda x, p=steps, t=thr: p.adaptive(x, t, fused=False)[0]
+            fns[label, "steps+exit fused"] = lambda x, p=steps, t=thr: p.adaptive(x, t, fused=True)[0]
             info[label].update(threshold=thr, steps=steps)
     return fns, info
 
@@ -145,7 +149,7 @@ def table(batch: int, per_round, every, info, x) -> List[str]:
         if m == bvit and (vit, c) in per_round:
             vs = geo_ci([tv / tb for tb, tv in zip(ts, per_round[vit, c])])
         steps = "6"  # every fixed-depth contender runs T = 6 steps (blocks)
-        if c == "steps+exit":  # the exit steps of the timed images
+        if c.startswith("steps+exit"):  # the exit steps of the timed images
             with torch.no_grad():
                 steps = f"{float(info[m]['steps'].adaptive(x, info[m]['threshold'])[1].double().mean()):.2f}"
         if batch == 1:
@@ -154,6 +158,21 @@ def table(batch: int, per_round, every, info, x) -> List[str]:
         else:
             rows.append(f"| {m} | {c} | {batch / statistics.median(ts):,.0f} | {vs_eager} | {vs} | {steps} |")
     return head + rows
+
+
+def fused_note(batch: int, every, calls: int) -> List[str]:
+    """At batch 1: the exit on the fused programs against the exit on step + readout programs and against
+    ``steps``, as the geometric mean of per-round ratios of MEAN latency (the exit makes the latency bimodal,
+    so a round's median is one of its modes), the same images in the same round."""
+    bvit = list(MODELS)[0]
+    if batch != 1 or (bvit, "steps+exit fused") not in every:
+        return []
+    mean = {c: [statistics.fmean(every[bvit, c][i:i + calls]) for i in range(0, len(every[bvit, c]), calls)]
+            for c in ("steps", "steps+exit", "steps+exit fused")}
+    vs = lambda a, b: geo_ci([u / v for u, v in zip(mean[a], mean[b])])  # noqa: E731
+    return ["", f"Mean latency, ratio of per-round means [95%] (> 1: the second is faster): `steps+exit` / "
+                f"`steps+exit fused` {vs('steps+exit', 'steps+exit fused')}; `steps` / `steps+exit fused` "
+                f"{vs('steps', 'steps+exit fused')}; `steps` / `steps+exit` {vs('steps', 'steps+exit')}."]
 
 
 def main(argv=None) -> int:
@@ -178,7 +197,7 @@ def main(argv=None) -> int:
             xs = list(x.split(batch))
             log(f"batch {batch}: {args.rounds} rounds x {len(fns)} contenders x {calls} calls")
             per_round, every = run_rounds(fns, xs, args.rounds, calls)
-            sections.append((batch, table(batch, per_round, every, info, x)))
+            sections.append((batch, table(batch, per_round, every, info, x) + fused_note(batch, every, calls)))
     load_after = os.getloadavg()
     loaded = load_before[0] > cores * 0.5
     import onnxruntime
@@ -195,7 +214,8 @@ def main(argv=None) -> int:
                           "Quiet: the load before the run was at most half the cores."), "",
              "Random weights (speed does not depend on them). `steps+exit` uses the median max-softmax of a separate "
              "batch as its threshold, so it shows the mechanism's cost at the mean steps given, not a calibrated "
-             "exit. Stored weights of the step programs: " + "; ".join(
+             "exit; `steps+exit fused` is the same exit making one call a step (the fused programs). Stored weights of "
+             "the step programs: " + "; ".join(
                  f"{m} {i['weights_fp32'] / 1024:.0f} KiB fp32, {i['weights_int8']['total'] / 1024:.0f} KiB int8 "
                  f"({i['weights_int8'].get('int8', 0) / 1024:.0f} KiB of it int8 MatMul weights)"
                  for m, i in info.items()) + ".", ""]

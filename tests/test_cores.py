@@ -8,7 +8,10 @@ option sets worth checking for the cores here). For each core and option set:
 - the analytic FLOPs (``analysis.accounting.analytic_flops``) equal the counted FLOPs;
 - ``step_of_call`` (the step a probe is told) and the ``step`` the core passes to the block
   (``block(z, step=k)``: what step conditioning and per-step adapters read) equal the step the
-  call runs in.
+  call runs in;
+- every core answers ``step_program`` (the step a step-program export traces): a StepPlan whose steps,
+  chained in eager PyTorch with the step index as a tensor, give the states of one pass, past the
+  trained steps where the core runs that far; or NoStepProgram with its reason in one line.
 """
 from types import SimpleNamespace
 
@@ -19,6 +22,7 @@ from conftest import TINY
 from recurvit import create_model
 from recurvit.analysis.accounting import analytic_flops, measure_flops
 from recurvit.models.cores import CORES
+from recurvit.models.cores.base import STEP_INPUT, NoStepProgram
 
 STEPS = 3
 VARIANTS = {  # option sets beyond each core's defaults (a core missing here runs with its defaults)
@@ -150,3 +154,40 @@ def test_step_of_call_is_the_step_the_call_runs_in(name, opts):
         assert told == truth
     else:  # an adaptive solve may evaluate at a grid time t_k, the end of step k or the start of step k + 1
         assert all(abs(a - b) <= 1 for a, b in zip(told, truth)) and told[0] == 1 and max(told) == T
+
+
+@pytest.mark.parametrize("name,opts", CASES, ids=IDS)
+def test_the_step_program_chained_in_eager_gives_the_states_of_one_pass(name, opts):
+    model = _model(name, opts)
+    with torch.no_grad():  # the core's own weights start at zero / one: give them values that matter
+        for n, p in model.named_parameters():
+            if n.startswith("core."):
+                p.normal_(0, 0.5)
+    try:
+        plan = model.core.step_program(model.blocks)
+    except NoStepProgram as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    per_step = len(plan.steps) > 1
+    if per_step:  # one program per step: as many as the core runs
+        assert len(plan.steps) == model.core.limit
+    assert plan.state[0] == "z" and set(plan.readout_inputs) <= set(plan.state)
+    assert plan.inputs() == plan.state + ([STEP_INPUT] if plan.step_index else []) + plan.constants
+    K = _deepest(model)
+    with torch.no_grad():
+        want = list(model.iter_states(_x(), K))
+        z = model.embed(_x())
+        extra = plan.begin(z)
+        assert len(extra) == len(plan.state) - 1 + len(plan.constants)
+        vals = dict(zip(plan.state + plan.constants, (z, *extra)))
+        for k in range(1, K + 1):
+            fn = plan.steps[k - 1] if per_step else plan.steps[0]
+            kw = {n: vals[n] for n in plan.state + plan.constants}
+            if plan.step_index:
+                kw[STEP_INPUT] = torch.tensor(k - 1, dtype=torch.long)
+            out = fn(**kw)
+            out = out if isinstance(out, tuple) else (out,)
+            assert len(out) == len(plan.state)
+            vals.update(zip(plan.state, out))
+            got = plan.tokens(*[vals[n] for n in plan.readout_inputs])
+            torch.testing.assert_close(got, want[k - 1], rtol=1e-5, atol=1e-5, msg=f"step {k}")

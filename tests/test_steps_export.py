@@ -3,7 +3,8 @@
 Against eager PyTorch, on tiny models: the programs run to a fixed depth give ``model(x)`` and every step
 of ``model.forward_steps(x)``; ``StepProgram.adaptive`` gives the predictions and per-image exit steps of
 ``forward_adaptive`` at the same max-softmax threshold (exited images leave the batch); the certified
-threshold computed with the programs is the one certified with the eager model; int8 programs store ~4x
+threshold computed with the programs is the one certified with the eager model; a fused program (``--fused``)
+is the step and the readout after it in one call, and the exit run on it is the same; int8 programs store ~4x
 smaller matmul weights and agree on most of the digits test split; the ODE core is refused in one line."""
 import json
 import pytest
@@ -66,7 +67,7 @@ def exported(tmp_path_factory):
         if (variant, fmt) not in cache:
             model = build(variant)
             out = tmp_path_factory.mktemp("steps") / f"{variant}-{fmt}"
-            export_steps(model, out, fmt)
+            export_steps(model, out, fmt, fused=True)
             cache[variant, fmt] = model, StepProgram(out, threads=1)
         return cache[variant, fmt]
 
@@ -114,21 +115,59 @@ def spread_threshold(model, x, K):
     return float((sig[i] + sig[i + 1]) / 2)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["step+readout", "fused"])
 @pytest.mark.parametrize("variant,fmt", [("recurrent", "torch-export"), onnx("recurrent-embed-reinject"),
                                          ("recurrent-scale", "torch-export"), ("stack-heads", "torch-export"),
                                          onnx("stack-heads")])
-def test_adaptive_gives_forward_adaptives_predictions_and_exit_steps(exported, variant, fmt):
+def test_adaptive_gives_forward_adaptives_predictions_and_exit_steps(exported, variant, fmt, fused):
     model, prog = exported(variant, fmt)
     x = images(48, seed=2)
     K = 5 if model.cfg.core == "recurrent" else 3  # a recurrence may run past its trained depth
     with torch.no_grad():
         thr = spread_threshold(model, x, K)
         want_logits, want_steps = forward_adaptive(model, x, "max_prob", thr, max_steps=K)
-        logits, steps = prog.adaptive(x, thr, max_steps=K)
+        logits, steps = prog.adaptive(x, thr, max_steps=K, fused=fused)
     assert torch.equal(steps, want_steps)
     assert len(set(steps.tolist())) >= 2 and steps.min() < K  # images exited at different steps
     torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-5)
     assert torch.equal(logits.argmax(-1), want_logits.argmax(-1))
+    with torch.no_grad():  # one image at a time (the fused programs take a path of their own at batch 1)
+        one = [prog.adaptive(x[i:i + 1], thr, max_steps=K, fused=fused) for i in range(len(x))]
+    assert torch.equal(torch.cat([s for _, s in one]), want_steps)
+    torch.testing.assert_close(torch.cat([lg for lg, _ in one]), want_logits, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant,fmt", [("recurrent-scale", "torch-export"), ("stack-heads", "torch-export"),
+                                         ("softmor-cycle", "torch-export"), onnx("recurrent-embed-reinject"),
+                                         onnx("softmor-cycle")])
+def test_a_fused_program_is_the_step_and_the_readout_after_it_in_one_call(exported, variant, fmt):
+    """Its outputs: the step program's next state, the readout's logits of that step (the head of the step's
+    stage) and their max softmax; a recurrence past its trained steps too."""
+    model, prog = exported(variant, fmt)
+    K = model.nominal_steps + 2 if model.core.limit is None else model.core.limit
+    x = images()
+    with torch.no_grad():
+        a = b = prog.embed(x)
+        for k in range(1, K + 1):
+            a = prog.step(a, k)
+            b, logits, conf = prog.step_read(b, k)
+            for n in prog.manifest["state"]:
+                torch.testing.assert_close(torch.as_tensor(b[n]), torch.as_tensor(a[n]), rtol=1e-5, atol=1e-6)
+            want = torch.as_tensor(prog.readout(a, k))
+            torch.testing.assert_close(torch.as_tensor(logits), want, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(torch.as_tensor(conf), torch.softmax(want, -1).amax(-1), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.as_tensor(logits), model(x, steps=K), rtol=1e-4, atol=1e-5)
+
+
+def test_adaptive_asked_to_fuse_an_export_without_fused_programs_says_how(tmp_path):
+    model = build("recurrent")
+    export_steps(model, tmp_path / "plain", "torch-export")
+    prog = StepProgram(tmp_path / "plain")
+    assert not prog.fused and "fused" not in prog.manifest["programs"]
+    with pytest.raises(ValueError, match="--fused"):
+        prog.adaptive(images(), 0.5, fused=True)
+    logits, _ = prog.adaptive(images(), 0.5)  # the default: the step and readout programs
+    assert logits.shape == (6, 5)
 
 
 def test_a_stack_without_trained_readouts_refuses_an_early_exit_as_eager_does(exported):
@@ -143,22 +182,27 @@ def test_a_stack_without_trained_readouts_refuses_an_early_exit_as_eager_does(ex
     assert steps.tolist() == [3] * len(x)
 
 
-@pytest.mark.parametrize("variant,step_index,n_steps,max_steps,state", [
-    ("recurrent", False, 1, None, ["z"]),
-    ("recurrent-embed-reinject", True, 1, None, ["z"]),
-    ("stack", False, 3, 3, ["z"]),
-    ("softmor-inplace", False, 2, 2, ["z"]),
-    ("softmor-cycle", True, 1, 3, ["z", "mx", "den", "num"]),
-    ("softmor-cycle-last", False, 1, 2, ["z"]),
+@pytest.mark.parametrize("variant,step_index,n_steps,max_steps,state,fused", [
+    ("recurrent", False, 1, None, ["z"], [(0, 0)]),
+    ("recurrent-embed-reinject", True, 1, None, ["z"], [(0, 0)]),
+    ("stack", False, 3, 3, ["z"], [(0, 0), (1, 0), (2, 0)]),
+    ("stack-heads", False, 3, 3, ["z"], [(0, 0), (1, 1), (2, 2)]),  # step k with the head of k's stage
+    ("softmor-inplace", False, 2, 2, ["z"], [(0, 0), (1, 0)]),
+    ("softmor-cycle", True, 1, 3, ["z", "mx", "den", "num"], [(0, 0)]),
+    ("softmor-cycle-last", False, 1, 2, ["z"], [(0, 0)]),
 ])
-def test_the_manifest_says_how_to_chain_the_programs(exported, variant, step_index, n_steps, max_steps, state):
+def test_the_manifest_says_how_to_chain_the_programs(exported, variant, step_index, n_steps, max_steps, state,
+                                                     fused):
     model, prog = exported(variant, "torch-export")
     m = json.loads((prog.folder / MANIFEST).read_text())
     assert m["format"] == "recurvit.step-program" and m["version"] == 1 and m["backend"] == "torch-export"
     assert m["step_index"] is step_index and ("step" in m["inputs"]["step"]) is step_index
     assert len(m["programs"]["step"]) == n_steps and m["max_steps"] == max_steps and m["state"] == state
     assert m["default_steps"] == model.nominal_steps
-    for name in [m["programs"]["embed"], *m["programs"]["step"], *m["programs"]["readout"]]:
+    assert [(f["step"], f["readout"]) for f in m["programs"]["fused"]] == fused
+    assert m["inputs"]["fused"] == m["inputs"]["step"] and m["outputs"]["fused"] == state + ["logits", "confidence"]
+    for name in [m["programs"]["embed"], *m["programs"]["step"], *m["programs"]["readout"],
+                 *[f["file"] for f in m["programs"]["fused"]]]:
         assert (prog.folder / name).is_file()
     assert ("x0" in m["inputs"]["step"]) is variant.endswith("reinject")
 
@@ -278,14 +322,19 @@ def test_the_cli_writes_the_step_programs_of_a_run(run, tmp_path, capsys):
     from recurvit.cli import main
 
     out = tmp_path / "steps"
-    assert main(["export", str(run), "--format", "torch-export", "--steps-program", "--out", str(out), "--json"]) == 0
+    assert main(["export", str(run), "--format", "torch-export", "--steps-program", "--fused", "--out", str(out),
+                 "--json"]) == 0
     written = json.loads(capsys.readouterr().out)
     assert written["steps_program"] and sorted(p.split("/")[-1] for p in written["files"]) == [
-        "embed.pt2", "manifest.json", "readout.pt2", "step.pt2"]
+        "embed.pt2", "fused.pt2", "manifest.json", "readout.pt2", "step.pt2"]
     model = recurvit.load_model(run)
     x = torch.randn(3, 1, 8, 8)
+    prog = StepProgram(out)
     with torch.no_grad():
-        torch.testing.assert_close(StepProgram(out)(x), model(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(prog(x), model(x), rtol=1e-4, atol=1e-5)
+        logits, steps = prog.adaptive(x, 0.5)  # the fused programs
+        want_logits, want_steps = forward_adaptive(model, x, "max_prob", 0.5)
+    assert prog.fused and torch.equal(steps, want_steps) and torch.equal(logits.argmax(-1), want_logits.argmax(-1))
 
 
 def test_the_cli_refuses_the_ode_core_and_a_format_without_programs_in_one_line(run, tmp_path, capsys):

@@ -9,6 +9,9 @@ images from the batch, so the saving is wall-clock.
     cert = certified_threshold(prog, calib_x, epsilon=0.005, delta=0.1)   # Learn-then-Test on calibration images
     logits, steps = prog.adaptive(x, threshold=cert["threshold"])         # None: no exit certified, full depth
 
+An export written with ``--fused`` also holds fused step-and-readout programs: ``adaptive`` then makes ONE call
+a step (the step, its readout and the max softmax) instead of a step call and a readout call.
+
 ``x`` is the model's input (preprocessed as ``manifest["preprocessing"]`` says), a float tensor (B, C, H, W);
 the whole-run methods return torch tensors. The exit rule is ``forward_adaptive``'s
 (:mod:`recurvit.models.adaptive`): an image leaves after the first step k >= min_steps whose signal meets the
@@ -144,8 +147,10 @@ class StepProgram:
         self._embed = load(m["programs"]["embed"], "embed")
         self._steps = [load(n, "step") for n in m["programs"]["step"]]
         self._readouts = [load(n, "readout") for n in m["programs"]["readout"]]
+        # (step program, readout head) -> the fused program of the two (export_steps(..., fused=True))
+        self._fused = {(f["step"], f["readout"]): load(f["file"], "fused") for f in m["programs"].get("fused", [])}
         self._native = self._embed.native
-        self._index: Dict[int, Any] = {}  # the step-index inputs, made once
+        self._calls: Dict[Tuple[int, bool], Tuple[Any, Any]] = {}  # (step, fused) -> (program, step index)
         self._step_in, self._step_out = list(m["inputs"]["step"]), list(m["outputs"]["step"])
         self._read_in, of = list(m["inputs"]["readout"]), list(m["readout_of_step"])
         self._head = lambda k: of[k - 1] if k <= len(of) else of[-1]  # noqa: E731
@@ -171,21 +176,47 @@ class StepProgram:
         """The state after the embedding: {name: array} (numpy for onnx, tensors for torch-export)."""
         return dict(zip(self.manifest["outputs"]["embed"], self._embed(self._native(images))))
 
+    def _call(self, k: int, fused: bool) -> Tuple[Any, Any]:
+        """(the program of step ``k``, or its fused program; its step-index input), made once."""
+        key = (k, fused)
+        hit = self._calls.get(key)
+        if hit is None:
+            i = 0 if len(self._steps) == 1 else k - 1
+            prog = self._fused[(i, self._head(k))] if fused else self._steps[i]
+            hit = self._calls[key] = (prog, prog.index(k - 1))
+        return hit
+
+    def _run(self, state: State, k: int, fused: bool) -> tuple:
+        """Step ``k`` on ``state`` IN PLACE; returns the program's outputs."""
+        prog, t = self._call(k, fused)
+        out = prog(*[t if n == STEP else state[n] for n in self._step_in])
+        state.update(zip(self._step_out, out))
+        return out
+
     def step(self, state: State, k: int) -> State:
         """Apply step ``k`` (1-based) to every row of ``state``; returns the new state (constants kept)."""
-        prog = self._steps[0] if len(self._steps) == 1 else self._steps[k - 1]
-        t = self._index.get(k)
-        if t is None:
-            t = self._index[k] = prog.index(k - 1)
-        out = prog(*[t if n == STEP else state[n] for n in self._step_in])
         new = dict(state)
-        new.update(zip(self._step_out, out))
+        self._run(new, k, False)
         return new
 
     def readout(self, state: State, k: int):
         """The logits (an array of the backend) read out after step ``k`` (1-based): the head of k's
         deep-supervision stage."""
         return self._readouts[self._head(k)](*[state[n] for n in self._read_in])[0]
+
+    @property
+    def fused(self) -> bool:
+        """Whether the export holds fused step-and-readout programs (``export_steps(..., fused=True)``)."""
+        return bool(self._fused)
+
+    def step_read(self, state: State, k: int) -> Tuple[State, Any, Any]:
+        """Step ``k`` (1-based) and the readout after it in ONE call of a fused program: (the new state, the
+        logits, the max-softmax confidence (B,)), arrays of the backend. ValueError without fused programs."""
+        if not self._fused:
+            raise ValueError(f"{self.folder} has no fused programs; export with --fused")
+        new = dict(state)
+        out = self._run(new, k, True)
+        return new, out[-2], out[-1]
 
     # ----------------------------------------------------------------------------- whole runs
     @torch.no_grad()
@@ -226,25 +257,37 @@ class StepProgram:
     @torch.no_grad()
     def adaptive(self, images: torch.Tensor, threshold: Optional[float], criterion: str = "max_prob",
                  max_steps: Optional[int] = None, min_steps: int = 1,
-                 per_step_readouts: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                 per_step_readouts: Optional[bool] = None,
+                 fused: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """(logits (B, classes), exit step (B,) long), as ``forward_adaptive(model, x, criterion, threshold,
         max_steps, min_steps, compact=True)``: an exited image leaves the batch, so later steps run on the
-        images still going. ``threshold`` None: every image runs max_steps."""
+        images still going. ``threshold`` None: every image runs max_steps. ``fused`` (default: where the
+        export has them) runs each step and its readout as ONE fused program, and max_prob reads the
+        program's own confidence output."""
         check_criterion(criterion)
+        fused = self.fused if fused is None else bool(fused)
+        if fused and not self.fused:
+            raise ValueError(f"{self.folder} has no fused programs; export with --fused")
         if criterion == "state" and self.manifest["state"] != ["z"]:
             raise ValueError(f"criterion=state reads the state after each step; this {self.manifest['core']} "
                              "program's readout reads a mixture: use max_prob, entropy or kl")
         K, m = self.plan(max_steps, min_steps, per_step_readouts)
         state = self.embed(images)
         B = len(state["z"])
+        if B == 1 and fused and criterion == "max_prob":
+            return self._one_image(state, threshold, K, m)
         rows = np.arange(B)  # the image of each row of `state`
         steps = np.full(B, K, dtype=np.int64)
         out: Optional[np.ndarray] = None
         prev_logp = None
         for k in range(1, K + 1):
             prev_z = state["z"]
-            state = self.step(state, k)
-            logits = _np(self.readout(state, k))
+            if fused:
+                got = self._run(state, k, True)  # `state` is this call's own: updated in place
+                logits, conf = _np(got[-2]), _np(got[-1])
+            else:
+                self._run(state, k, False)
+                logits, conf = _np(self.readout(state, k)), None
             if out is None:
                 if logits.ndim != 2:
                     raise ValueError(f"an early exit needs per-image logits (B, classes); this program reads "
@@ -254,11 +297,17 @@ class StepProgram:
                 out[rows] = logits
                 steps[rows] = k
                 break
-            logp = _log_softmax(logits) if criterion != "state" else None
+            if criterion == "max_prob" and conf is not None:  # the fused program's own max softmax
+                logp, sig = None, conf
+            else:
+                logp = _log_softmax(logits) if criterion != "state" else None
+                sig = None
             if k < m:
                 prev_logp = logp
                 continue
-            stop = meets(criterion, signal(criterion, logp, prev_logp, state["z"], prev_z), threshold)
+            if sig is None:
+                sig = signal(criterion, logp, prev_logp, state["z"], prev_z)
+            stop = meets(criterion, sig, threshold)
             if stop.any():
                 out[rows[stop]] = logits[stop]
                 steps[rows[stop]] = k
@@ -270,6 +319,17 @@ class StepProgram:
                 logp = None if logp is None else logp[keep]
             prev_logp = logp
         return torch.from_numpy(out), torch.from_numpy(steps)
+
+    def _one_image(self, state: State, threshold: Optional[float], K: int, m: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``adaptive`` for ONE image on the fused programs with max_prob: the same decision (the float32
+        confidence against the float32 threshold, NaN never meets it) without the bookkeeping of rows, which
+        at batch 1 costs as much as a step of a small model."""
+        thr = None if threshold is None else float(np.float32(threshold))
+        for k in range(1, K + 1):
+            got = self._run(state, k, True)
+            if k == K or (k >= m and thr is not None and float(_np(got[-1])[0]) >= thr):
+                return torch.from_numpy(np.array(_np(got[-2]))), torch.tensor([k], dtype=torch.int64)
+        raise AssertionError("unreachable: step K returns")
 
     @torch.no_grad()
     def trajectories(self, batches: Iterable, steps: Optional[int] = None) -> dict:

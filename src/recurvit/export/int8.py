@@ -1,8 +1,9 @@
 """int8 step programs: onnxruntime's dynamic quantization of an ONNX step-program export, and how far the
 quantized programs drift from fp32 step by step.
 
-    from recurvit.export.int8 import quantize_steps, quantization_error, weight_bytes
+    from recurvit.export.int8 import quantize_model, quantize_steps, quantization_error, weight_bytes
     quantize_steps("exported/bvit-steps", "exported/bvit-steps-int8")
+    quantize_model("exported/bvit.onnx", "exported/bvit-int8.onnx")   # the whole-model export, the same way
     report = quantization_error("exported/bvit-steps", "exported/bvit-steps-int8", x_test, y_test)
 
 Dynamic quantization (``onnxruntime.quantization.quantize_dynamic``): the weights of every MatMul whose
@@ -36,13 +37,19 @@ OP_TYPES = ("MatMul", "Gemm")
 
 
 def weight_bytes(path: Union[str, Path]) -> Dict[str, int]:
-    """Bytes of the stored weights (initializers) of an ONNX file or of every program of a step-program
-    folder, by element type ("float32", "int8", ...) and in all ("total")."""
+    """Bytes of the stored weights (initializers) of an ONNX file or of a step-program folder, by element
+    type ("float32", "int8", ...) and in all ("total"). A folder counts its embed, step and readout programs,
+    what a runtime runs: fused programs, where the export has them, hold the step's and the readout's
+    weights once more (a deployment ships the fused programs or the step and readout ones)."""
     import onnx
     from onnx import helper, numpy_helper
 
     path = Path(path)
-    files = sorted(path.glob("*.onnx")) if path.is_dir() else [path]
+    if path.is_dir():
+        p = json.loads((path / MANIFEST).read_text())["programs"]
+        files = [path / n for n in [p["embed"], *p["step"], *p["readout"]]]
+    else:
+        files = [path]
     out: Dict[str, int] = {}
     for f in files:
         for init in onnx.load(str(f)).graph.initializer:
@@ -74,7 +81,7 @@ def quantize_steps(folder: Union[str, Path], out: Union[str, Path], per_channel:
     logging.disable(logging.WARNING)  # its advice to run onnxruntime's pre-processing first, once per program
     try:
         p = manifest["programs"]
-        for name in [p["embed"], *p["step"], *p["readout"]]:
+        for name in [p["embed"], *p["step"], *p["readout"], *[f["file"] for f in p.get("fused", [])]]:
             quantize_dynamic(str(folder / name), str(tmp / name), weight_type=QuantType.QInt8,
                              op_types_to_quantize=list(OP_TYPES), per_channel=per_channel)
         manifest["quantization"] = {"method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8",
@@ -83,6 +90,32 @@ def quantize_steps(folder: Union[str, Path], out: Union[str, Path], per_channel:
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        logging.disable(logging.NOTSET)
+    return out
+
+
+def quantize_model(path: Union[str, Path], out: Union[str, Path], per_channel: bool = False) -> Path:
+    """The whole-model ONNX file ``path`` (``recurvit export --format onnx``) with int8 MatMul weights, as
+    :func:`quantize_steps` quantizes each program, written to the new file ``out``."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from ..errors import UserError
+
+    path, out = Path(path), Path(out)
+    if out.exists():
+        raise UserError(f"{out} exists; choose another OUT")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}-", suffix=".onnx", dir=out.parent)
+    os.close(fd)
+    logging.disable(logging.WARNING)
+    try:
+        quantize_dynamic(str(path), tmp, weight_type=QuantType.QInt8, op_types_to_quantize=list(OP_TYPES),
+                         per_channel=per_channel)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
         raise
     finally:
         logging.disable(logging.NOTSET)

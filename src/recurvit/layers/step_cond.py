@@ -16,18 +16,21 @@ Options (config key ``model.step_cond``):
 
 Beyond the trained range (t >= ``num_steps`` learned entries) both learned options reuse the
 LAST learned entry, so a model always runs for more steps than it was trained with.
+The step index t may also be a 0-dim integer tensor (``index``): an exported step program
+takes it as an input, and runs this same code.
 
 ``reinject`` adds the embedded input x_0 to the block's input at every step (input injection);
 because the step is in update form, x_0 does not accumulate in the state.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn as nn
 
 STEP_CONDITIONING = ("none", "embed", "scale")
+Step = Union[int, torch.Tensor]  # the 0-based step: an int, or a 0-dim integer tensor (see ``index``)
 
 
 class StepConditioning(nn.Module):
@@ -43,17 +46,22 @@ class StepConditioning(nn.Module):
         elif kind == "scale":
             self.step_scale = nn.Parameter(torch.ones(num_steps, dim))
 
-    def index(self, t: int) -> int:
+    def index(self, t: Step) -> Step:
+        """The learned entry of the 0-based step ``t``, clamped to the learned entries. ``t`` is an int (the
+        cores), or a 0-dim integer tensor: the step input of an exported step program (export/steps.py), which
+        a tracer keeps as an input where an int would be baked into the program."""
+        if isinstance(t, torch.Tensor):
+            return t.clamp(0, self.num_steps - 1)
         return min(max(int(t), 0), self.num_steps - 1)
 
-    def block_input(self, z: torch.Tensor, t: int, x0: Optional[torch.Tensor]) -> torch.Tensor:
+    def block_input(self, z: torch.Tensor, t: Step, x0: Optional[torch.Tensor]) -> torch.Tensor:
         if self.reinject:
             z = z + x0
         if self.kind == "embed":
             z = z + self.step_embed[self.index(t)]
         return z
 
-    def update(self, block: Callable, z: torch.Tensor, t: int, x0: Optional[torch.Tensor] = None,
+    def update(self, block: Callable, z: torch.Tensor, t: Step, x0: Optional[torch.Tensor] = None,
                step: Optional[int] = None) -> torch.Tensor:
         """u(z, t) = s_t * (F(z') - z'): the vector field of the state-subtracted ODE (``step``: the
         1-based step the block is told, see layers/block.py)."""
@@ -61,7 +69,7 @@ class StepConditioning(nn.Module):
         u = block(zin, step=step) - zin
         return self.step_scale[self.index(t)] * u if self.kind == "scale" else u
 
-    def output(self, block: Callable, z: torch.Tensor, t: int, x0: Optional[torch.Tensor] = None,
+    def output(self, block: Callable, z: torch.Tensor, t: Step, x0: Optional[torch.Tensor] = None,
                step: Optional[int] = None) -> torch.Tensor:
         """F applied with conditioning, F_t(z) = z + u(z, t); the black-box ODE field."""
         if self.kind == "none" and not self.reinject:

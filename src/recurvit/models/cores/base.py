@@ -43,13 +43,20 @@ input x0 of a recurrence or an ODE field). After k advances ``s.z`` equals the k
 ``states(blocks, z, K)`` for each kept image. Cores for which ``cannot_step`` gives a reason raise
 ValueError from ``begin``.
 
+Step program (deployment, export/steps.py): ``core.step_program(blocks)`` gives a :class:`StepPlan`,
+the core's step as traceable functions of tensors (the step index a tensor input, never a Python
+int a tracer would bake in), from which the export writes embed / step / readout programs a runtime
+stops between steps; a core without one raises :class:`NoStepProgram` with the reason in one line.
+Every core answers (the base class raises NotImplementedError, and the conformance suite in
+tests/test_cores.py chains each plan in eager PyTorch against the states of one pass).
+
 A new core is one file defining a subclass, plus one entry in ``CORES`` (cores/__init__.py).
 """
 from __future__ import annotations
 
 import dataclasses
 from contextlib import nullcontext
-from typing import Any, ClassVar, Dict, Iterator, List, Mapping, Optional, Union
+from typing import Any, Callable, ClassVar, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -81,6 +88,50 @@ class StepState:
 
     def __len__(self) -> int:
         return int(self.z.shape[0])
+
+
+STEP_INPUT = "step"  # the keyword (and program input) of the 0-based step index, an int64 0-dim tensor
+
+
+class NoStepProgram(ValueError):
+    """This core has no step program; the message is the reason, one line."""
+
+
+def _no_extra(z: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    return ()
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """A core's step as functions a tracer turns into programs (``Core.step_program``).
+
+    ``steps``: the step functions, ONE for every step (any number of steps, up to the core's limit) or one
+    per step (step k is ``steps[k - 1]``; a core with a limit of L steps). Each takes keyword arguments:
+    the carried ``state`` and the ``constants`` by name, and ``step`` (:data:`STEP_INPUT`, the 0-based
+    step as an int64 0-dim tensor) when ``step_index``; it returns the new state, a tensor when the state
+    is ``["z"]``, else a tuple in the order of ``state``. Every tensor is per image (dim 0 the batch), so a
+    runtime keeps the rows of the images still running.
+    ``state``: the carried state, ``"z"`` (the tokens, what the state criterion reads) first.
+    ``constants``: per-image tensors made once from the embedded tokens and fed to every step unchanged.
+    ``begin(z)``: from the embedded tokens z, the rest of the state (after z) then the constants, a tuple.
+    ``readout_inputs`` / ``read``: the state that the model's norm + head read, ``read(*readout_inputs)``
+    (None: z itself)."""
+
+    steps: List[Callable[..., Any]]
+    state: List[str] = dataclasses.field(default_factory=lambda: ["z"])
+    constants: List[str] = dataclasses.field(default_factory=list)
+    step_index: bool = False
+    begin: Callable[[torch.Tensor], Tuple[torch.Tensor, ...]] = _no_extra
+    readout_inputs: List[str] = dataclasses.field(default_factory=lambda: ["z"])
+    read: Optional[Callable[..., torch.Tensor]] = None
+
+    def inputs(self) -> List[str]:
+        """The keyword names of a step function, in program order: the state, the step index, the constants."""
+        return list(self.state) + ([STEP_INPUT] if self.step_index else []) + list(self.constants)
+
+    def tokens(self, *readout_inputs: torch.Tensor) -> torch.Tensor:
+        """What the readout reads from ``readout_inputs``."""
+        return readout_inputs[0] if self.read is None else self.read(*readout_inputs)
 
 
 class Core(nn.Module):
@@ -237,6 +288,11 @@ class Core(nn.Module):
 
     def _advance(self, state: StepState) -> torch.Tensor:
         raise NotImplementedError
+
+    def step_program(self, blocks: nn.ModuleList) -> StepPlan:
+        """This core's step as a :class:`StepPlan` for a step-program export, or NoStepProgram(reason)."""
+        raise NotImplementedError(f"the {self.name} core does not say whether it has a step program: define "
+                                  "step_program (a StepPlan, or raise NoStepProgram with the reason)")
 
     def step_of_call(self, call: int) -> int:
         """1-based step of the ``call``-th (0-based) block call of the running forward."""

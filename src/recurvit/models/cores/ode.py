@@ -75,7 +75,7 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 import torch.nn as nn
 from ...layers.step_cond import STEP_CONDITIONING, StepConditioning
-from .base import Core, check_choice
+from .base import Core, NoStepProgram, StepPlan, check_choice
 from .ode_field import (_GRID_TOL, _STAGES, FIELDS, FIXED_METHODS, METHODS, SOLVERS, BlockField, TimeEmbedding,  # noqa: F401
                         _AdaptiveBlockField, _Stats, check_method, fixed_grid, integrate, solver_stages)
 
@@ -260,6 +260,10 @@ class ODECore(Core):
         self._stats.forward = False
         self.nfe = self._stats.nfe
         return sol[-1]
+
+    def step_program(self, blocks) -> StepPlan:
+        raise NoStepProgram("its step is an interval of a torchdiffeq solve, whose checks on the time grid are "
+                            "data-dependent and cannot be traced")
 
     def extra_repr(self) -> str:
         return (f"field={self.field}, method={self.method}, t_end={self.t_end:g}, "

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ...layers.step_cond import STEP_CONDITIONING, StepConditioning
-from .base import Core, check_choice
+from .base import Core, StepPlan, check_choice
 
 
 @dataclass
@@ -62,3 +62,17 @@ class Recurrent(Core):
     def _advance(self, state):
         self.nfe += 1
         return self.cond(state.blocks[0], state.z, state.k, state.rows.get("x0"), step=state.k + 1)
+
+    def step_program(self, blocks) -> StepPlan:
+        """ONE step program for every step (one block's weights), ``z -> z``: the same ``StepConditioning``
+        call as ``_advance``, with the 0-based step index a tensor input where the step is conditioned (embed /
+        scale: past the trained steps the last learned entry, as in eager), and with re-injection the embedded
+        input ``x0``, a constant."""
+        cond, block = self.cond, blocks[0]
+
+        def advance(z, step=None, x0=None):
+            return cond(block, z, step, x0)
+
+        return StepPlan(steps=[advance], step_index=cond.kind != "none",
+                        constants=["x0"] if cond.reinject else [],
+                        begin=(lambda z: (z,)) if cond.reinject else (lambda z: ()))

@@ -90,7 +90,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Core, check_choice, grad_ctx
+from .base import Core, StepPlan, check_choice, grad_ctx
 
 LAYOUTS = ("inplace", "cycle")
 ROUTERS = ("linear", "query")
@@ -230,7 +230,7 @@ class SoftMoRCore(Core):
     # ------------------------------------------------------------- router
     def score(self, u: int, i: int, h: torch.Tensor, q: Optional[torch.Tensor] = None) -> torch.Tensor:
         """s_{u,i}(t) for the state h (B, T, D) -> (B, T), in float32 (``q``: the query router's
-        projected unit input, (B, T, D))."""
+        projected unit input, (B, T, D); ``i`` an int, or a 0-dim tensor in a step program)."""
         with _no_autocast(h):  # the router runs in float32 under AMP too
             hn = F.layer_norm(h.float(), h.shape[-1:], eps=_LN_EPS)
             s = (hn * q).sum(-1) if q is not None else hn @ self.weight[u].float()
@@ -265,19 +265,32 @@ class SoftMoRCore(Core):
         else:
             yield from self._cycle(blocks, z, steps, grad_last)
 
+    def unit(self, blocks, l: int, z: torch.Tensor, ctx=nullcontext):
+        """Unit l of the ``inplace`` layout on z: block l recursed r times, then the token-wise mixture
+        (mixture ``soft``). Returns (its output, the mixture weights (B, T, r) or None)."""
+        q = self.unit_query(l, z)
+        hs, scores = [], []
+        for i in range(self.recursions):
+            with ctx():
+                z = blocks[l](z, step=l + 1)
+            self.nfe += 1
+            if self.mixture == "soft":
+                hs.append(z)
+                scores.append(self.score(l, i, z, q))
+        return self.mix(hs, scores) if self.mixture == "soft" else (z, None)
+
+    def cycle_pass(self, blocks, z: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
+        """One pass through the stack (a step of the ``cycle`` layout); ``step``: the 1-based step the
+        blocks are told."""
+        for block in blocks:
+            z = block(z, step=step)
+            self.nfe += 1
+        return z
+
     def _inplace(self, blocks, z, steps, grad_last):
         for l in range(steps):
-            q = self.unit_query(l, z)
-            hs, scores = [], []
-            for i in range(self.recursions):
-                with grad_ctx(l, steps, grad_last):
-                    z = blocks[l](z, step=l + 1)
-                self.nfe += 1
-                if self.mixture == "soft":
-                    hs.append(z)
-                    scores.append(self.score(l, i, z, q))
-            if self.mixture == "soft":
-                z, p = self.mix(hs, scores)
+            z, p = self.unit(blocks, l, z, lambda: grad_ctx(l, steps, grad_last))
+            if p is not None:
                 self.last_weights.append(p.detach())
             yield z
 
@@ -286,9 +299,7 @@ class SoftMoRCore(Core):
         hs, scores = [], []
         for c in range(steps):
             with grad_ctx(c, steps, grad_last):
-                for block in blocks:
-                    z = block(z, step=c + 1)
-                    self.nfe += 1
+                z = self.cycle_pass(blocks, z, step=c + 1)
             if self.mixture == "last":
                 yield z
                 continue
@@ -297,6 +308,41 @@ class SoftMoRCore(Core):
             m, p = self.mix(hs, scores)
             self.last_weights = [p.detach()]
             yield m
+
+    # ------------------------------------------------------------- step program
+    def step_program(self, blocks) -> StepPlan:
+        """``inplace``: one step program per unit, ``z -> z`` (the unit's mixture is the next unit's input).
+        ``cycle``: ONE step program, one pass through the stack. With ``mixture=soft`` the readout reads the
+        running mixture over all passes so far, so the state also carries the online softmax of the router's
+        scores: ``mx`` (running max score, (B, T) float32), ``den`` (sum of exp(s_i - mx)) and ``num`` (sum of
+        exp(s_i - mx) h_i, (B, T, D)); the step takes the step index (the router's per-pass prior b_i), the
+        readout reads ``num / den`` (the eager softmax-then-sum to float tolerance), and a query router's
+        projected input ``q`` is a constant."""
+        if self.layout == "inplace":
+            def unit(l):
+                return lambda z: self.unit(blocks, l, z)[0]
+            return StepPlan(steps=[unit(l) for l in range(len(blocks))])
+        if self.mixture == "last":
+            return StepPlan(steps=[lambda z: self.cycle_pass(blocks, z)])
+        query = self.query is not None
+
+        def begin(z):  # the empty mixture: max score -inf, sums 0 (float32, as the router's scores)
+            B, T = z.shape[:2]
+            mx = torch.full((B, T), float("-inf"), dtype=torch.float32, device=z.device)
+            den = torch.zeros((B, T), dtype=torch.float32, device=z.device)
+            return (mx, den, torch.zeros_like(z)) + ((self.unit_query(0, z),) if query else ())
+
+        def mixed(z, mx, den, num, step, q=None):
+            h = self.cycle_pass(blocks, z)
+            s = self.score(0, step, h, q)  # (B, T) float32, with the router's prior of pass `step`
+            new = torch.maximum(mx, s)
+            old, w = torch.exp(mx - new), torch.exp(s - new)  # exp(-inf) = 0 on the first pass
+            num = num * old.unsqueeze(-1).to(num.dtype) + w.unsqueeze(-1).to(h.dtype) * h
+            return h, new, den * old + w, num
+
+        return StepPlan(steps=[mixed], state=["z", "mx", "den", "num"], constants=["q"] if query else [],
+                        step_index=True, begin=begin, readout_inputs=["num", "den"],
+                        read=lambda num, den: num / den.unsqueeze(-1).to(num.dtype))
 
     def extra_repr(self) -> str:
         return (f"layout={self.layout}, recursions={self.recursions}, router={self.router}, "

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import ClassVar, List, Optional
 
-from .base import Core
+from .base import Core, StepPlan, StepState
 
 
 class Stack(Core):
@@ -50,3 +50,10 @@ class Stack(Core):
     def _advance(self, state):
         self.nfe += 1
         return state.blocks[state.k](state.z, step=state.k + 1)
+
+    def step_program(self, blocks) -> StepPlan:
+        """One step program per block, ``z -> z``: step k is block k (the core's own step)."""
+        def block(i):
+            return lambda z: self._advance(StepState(blocks, z, k=i))
+
+        return StepPlan(steps=[block(i) for i in range(len(blocks))])
