@@ -1,4 +1,4 @@
-"""The run configs (recurvit.config, recurvit.vae.config): choices declared on their fields and checked
+"""The run configs (recurvit.config, recurvit.tasks.vae.config): choices declared on their fields and checked
 for every schema when a config is loaded; one optimizer schema for every task; the model sections
 derived from the model configs' own fields."""
 import dataclasses
@@ -8,7 +8,7 @@ import pytest
 
 from recurvit.config import OptimConfig, TrainConfig, load_config
 from recurvit.errors import UserError
-from recurvit.vae.config import VAETrainConfig, load_vae_config
+from recurvit.tasks.vae.config import VAETrainConfig, load_vae_config
 
 
 @pytest.mark.parametrize("override, words", [
@@ -49,7 +49,7 @@ def test_the_run_configs_model_keys_are_the_model_configs_fields():
     from recurvit.config import ModelConfig, load_config
     from recurvit.models import ViTConfig, create_model
     from recurvit.models.loopvae import LoopVAEConfig
-    from recurvit.vae.config import VAEModelConfig
+    from recurvit.tasks.vae.config import VAEModelConfig
 
     for run_cls, model_cls, extra in ((ModelConfig, ViTConfig, {"options"}), (VAEModelConfig, LoopVAEConfig, set())):
         run_fields = {f.name: f for f in dataclasses.fields(run_cls)}

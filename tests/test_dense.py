@@ -1,4 +1,4 @@
-"""The dense task (tasks/dense.py) through the one loop on tiny mazes: it learns, resumes bit-identically,
+"""The dense task (tasks/dense/task.py) through the one loop on tiny mazes: it learns, resumes bit-identically,
 trains a ViT with a dense head, is picked from the data, and runs data-parallel; Bansal et al.'s
 progressive loss sends its gradient to the steps it should and nowhere else."""
 import json
@@ -15,8 +15,8 @@ from recurvit.config import load_config
 from recurvit.errors import UserError
 from recurvit.models import create_model
 from recurvit.tasks import TASKS
-from recurvit.tasks.classify import ClassifyTask, train
-from recurvit.tasks.dense import DenseTask, dense_counts
+from recurvit.tasks.classify.task import ClassifyTask, train
+from recurvit.tasks.dense.task import DenseTask, dense_counts
 from recurvit.train.losses import progressive_draw, progressive_logits, progressive_mix
 
 MAZES = ["data.name=mazes", "data.maze_train=96", "data.maze_val=32", "data.maze_test=16", "data.maze_test_sizes=[9,13]",

@@ -1,4 +1,4 @@
-"""A dense (maze) study end to end (tasks/dense_study.py): two tiny cells train and are swept over sizes x
+"""A dense (maze) study end to end (tasks/dense/study.py): two tiny cells train and are swept over sizes x
 iterations; results.csv holds the columns its claims read, the report its tables and plots, and a claim
 of each kind the mazes study registers loads and decides."""
 import csv
@@ -9,7 +9,7 @@ import torch
 
 from recurvit.study import load_study, run_study, write_report
 from recurvit.study.claims import decide_all
-from recurvit.tasks.dense_eval import best_iteration, columns_of, size_columns, slope
+from recurvit.tasks.dense.evaluators import best_iteration, columns_of, size_columns, slope
 
 MAZES = """
 data: {name: mazes, maze_size: 5, maze_test_sizes: [5, 9], maze_train: 64, maze_val: 16, maze_test: 8}

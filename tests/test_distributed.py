@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from recurvit.config import load_config
 from recurvit.run import distributed as dist_io
-from recurvit.tasks.classify import train
+from recurvit.tasks.classify.task import train
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with the gloo backend is not available")
@@ -162,7 +162,8 @@ VAE_RUN = ["data.img_size=16", "data.train_crops=64", "data.max_test=32", "model
 
 
 def _vae_worker(rank, world, port, overrides, out):
-    from recurvit.vae import load_vae_config, train_vae
+    from recurvit.tasks.vae.config import load_vae_config
+    from recurvit.tasks.vae.task import train_vae
 
     with gloo_group(rank, world, port):
         train_vae(load_vae_config(None, overrides), out, log=lambda *a: None)
@@ -170,7 +171,8 @@ def _vae_worker(rank, world, port, overrides, out):
 
 @pytest.mark.slow
 def test_a_loopvae_trains_in_two_gloo_processes_to_the_one_process_metrics(tmp_path):
-    from recurvit.vae import load_vae_config, train_vae
+    from recurvit.tasks.vae.config import load_vae_config
+    from recurvit.tasks.vae.task import train_vae
 
     torch.set_num_threads(1)
     train_vae(load_vae_config(None, VAE_RUN), tmp_path / "single", log=lambda *a: None)

@@ -1,4 +1,4 @@
-"""Study evaluators (recurvit.study.evaluators, recurvit.tasks.classify_eval): named in the study file,
+"""Study evaluators (recurvit.study.evaluators, recurvit.tasks.classify.evaluators): named in the study file,
 recorded per run, run only where missing; a new evaluator is one class and one table entry."""
 import json
 
@@ -8,7 +8,7 @@ import torch
 from recurvit.errors import UserError
 from recurvit.study import load_study, run_study
 from recurvit.study.evaluators import Evaluator, missing, recorded
-from recurvit.tasks import classify_eval
+from recurvit.tasks.classify import evaluators as classify_eval
 
 BASE = """
 model: {name: bvit_tiny, patch_size: 4, embed_dim: 24, num_heads: 2, global_pool: avg, class_token: false, steps: 3}
@@ -284,7 +284,7 @@ def test_the_exit_evaluators_certify_option_is_checked_and_absent_from_old_recor
     """eval.exit.certify: {epsilon: points, delta} is checked when the study file is read; a study that does
     not ask for it records the options it always did, so its finished runs are not evaluated again."""
     from recurvit.study.evaluators import missing, parse_eval
-    from recurvit.tasks.classify_eval import EVALUATORS
+    from recurvit.tasks.classify.evaluators import EVALUATORS
 
     axes = {"regime": ["a"]}
     plain = parse_eval({"exit": {"criteria": ["kl"]}}, EVALUATORS, "s", axes)

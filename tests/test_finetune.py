@@ -11,7 +11,7 @@ from recurvit.cli import main
 from recurvit.errors import UserError
 from recurvit.layers.lora import LoRALinear, add_lora, lora_layers, lora_parameters, merge_lora
 from recurvit.models.adapters import unroll_step_lora
-from recurvit.tasks.finetune import prepare
+from recurvit.tasks.classify.finetune import prepare
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -199,7 +199,7 @@ def _epochs(run):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["lora", "step_lora"])
 def test_a_stopped_finetune_resumes_to_the_uninterrupted_metrics(source, tmp_path, method):
-    from recurvit.tasks.finetune import finetune, finetune_resume
+    from recurvit.tasks.classify.finetune import finetune, finetune_resume
 
     target = [t for t in TARGET if not t.startswith("train.epochs")] + ["train.epochs=3", "data.holdout=0.25"]
     quiet = dict(log=lambda *a: None)

@@ -91,7 +91,7 @@ def test_a_new_task_trains_resumes_and_keeps_its_best_through_the_one_loop(tmp_p
 
 def test_the_loop_refuses_to_resume_another_tasks_run(tmp_path):
     from recurvit.config import load_config
-    from recurvit.tasks.classify import ClassifyTask
+    from recurvit.tasks.classify.task import ClassifyTask
 
     fit(Brightness(BrightnessConfig()), tmp_path / "run", stop_after=1, log=lambda *a: None)
     with pytest.raises(UserError, match="it is a brightness run, not a classify run") as e:

@@ -337,7 +337,7 @@ def test_checkpoints_and_config_follow_the_umask(tmp_path):
     import stat
 
     from recurvit.config import load_config
-    from recurvit.tasks.classify import train
+    from recurvit.tasks.classify.task import train
 
     old = os.umask(0o022)
     try:
@@ -353,7 +353,7 @@ def test_checkpoints_and_config_follow_the_umask(tmp_path):
 @pytest.mark.slow
 def test_a_warmup_longer_than_training_says_so_in_one_line(tmp_path):
     from recurvit.config import load_config
-    from recurvit.tasks.classify import train
+    from recurvit.tasks.classify.task import train
 
     lines = []
     cfg = load_config("configs/digits/bvit.yaml", ["model.embed_dim=24", "model.num_heads=2", "model.steps=2",

@@ -177,7 +177,7 @@ def test_a_run_with_several_gpus_trains_in_torchrun_processes(study_file, tmp_pa
 
     from recurvit.config import load_config
     from recurvit.study.runner import run_one
-    from recurvit.tasks.classify import train
+    from recurvit.tasks.classify.task import train
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")

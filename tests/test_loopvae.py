@@ -163,7 +163,7 @@ def test_config_validation_is_a_user_error():
 def test_psnr_and_ssim_against_references():
     from scipy.signal import convolve2d
 
-    from recurvit.vae.metrics import psnr, ssim
+    from recurvit.tasks.vae.metrics import psnr, ssim
 
     g = torch.Generator().manual_seed(1)
     a = torch.rand(2, 3, 24, 24, generator=g, dtype=torch.float64)
@@ -188,8 +188,8 @@ def test_psnr_and_ssim_against_references():
 
 
 def test_photo_crops_hold_out_a_fixed_test_region():
-    from recurvit.vae.config import VAEDataConfig
-    from recurvit.vae.data import build_vae_datasets
+    from recurvit.tasks.vae.config import VAEDataConfig
+    from recurvit.tasks.vae.data import build_vae_datasets
 
     train, test, info = build_vae_datasets(VAEDataConfig(img_size=16, train_crops=200), seed=3)
     assert (info.img_size, info.in_chans, info.n_train) == (16, 3, 200)
@@ -212,7 +212,8 @@ TINY_RUN = ["data.img_size=16", "data.train_crops=64", "data.max_test=32", "mode
 
 @pytest.mark.slow
 def test_resume_equals_an_uninterrupted_run(tmp_path):
-    from recurvit.vae import load_vae_config, train_vae
+    from recurvit.tasks.vae.config import load_vae_config
+    from recurvit.tasks.vae.task import train_vae
 
     overrides = TINY_RUN + ["train.epochs=2", "train.adv.start_step=3", "train.adv.channels=8"]
     cfg = load_vae_config(None, overrides)

@@ -9,7 +9,7 @@ from recurvit.analysis.mazes import maze_sweep, maze_sweep_sizes, plot_solved, s
 from recurvit.config import load_config
 from recurvit.data.mazes import maze_test_sets
 from recurvit.models import create_model
-from recurvit.tasks.dense import evaluate_dense
+from recurvit.tasks.dense.task import evaluate_dense
 
 
 class Scripted(nn.Module):
@@ -72,7 +72,7 @@ def test_one_pass_gives_every_iteration_at_every_size(tmp_path):
 @pytest.mark.slow
 def test_a_trained_run_is_swept_from_its_directory(tmp_path):
     from recurvit.analysis.mazes import sweep_run
-    from recurvit.tasks.classify import train
+    from recurvit.tasks.classify.task import train
 
     train(load_config(None, ["data.name=mazes", "data.maze_train=32", "data.maze_val=8", "data.maze_test=4",
                              "data.maze_test_sizes=[9,13]", "model.name=dt_net_recall", "model.width=8", "model.steps=2",

@@ -228,8 +228,8 @@ def test_every_study_and_analysis_plot_is_readable(tmp_path, figures):
 
 def test_recon_grid_labels_its_rows(tmp_path, figures):
     """recon_grid.png says which row holds the originals and which the reconstructions (and their loops)."""
-    from recurvit.vae import build_vae_model, save_grid
-    from recurvit.vae.config import load_vae_config
+    from recurvit.tasks.vae.evaluate import build_vae_model, save_grid
+    from recurvit.tasks.vae.config import load_vae_config
 
     cfg = load_vae_config("vae/digits", ["model.embed_dim=8"])
     cfg.model.in_chans, cfg.model.img_size = 1, 8

@@ -463,7 +463,7 @@ def test_a_bare_resume_never_trains_the_default_config(tmp_path, capsys, monkeyp
     assert res.returncode == 2 and "stopped before it wrote its config.yaml" in res.stderr, res.stderr
     assert sorted(p.name for p in empty.iterdir()) == [".lock"]
     # the config is on disk while epoch 1 trains, so a run killed there resumes as itself
-    import recurvit.tasks.classify as loop
+    import recurvit.tasks.classify.task as loop
 
     seen = {}
     real = loop.train_one_epoch

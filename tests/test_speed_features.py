@@ -14,7 +14,7 @@ from recurvit.models import speed as cores
 from recurvit.models.speed import (activation_checkpointing, compile_available, compile_blocks,
                                    set_activation_checkpointing)
 from recurvit.models.vit import ViTConfig
-from recurvit.tasks.classify import train
+from recurvit.tasks.classify.task import train
 from recurvit.run.device import autocast
 from recurvit.train.optim import build_optimizer
 

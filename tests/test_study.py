@@ -312,7 +312,7 @@ results: vae_res
 
 @pytest.mark.slow
 def test_loopvae_grid_runs_through_the_study_runner(tmp_path):
-    from recurvit.vae.config import default_config_path
+    from recurvit.tasks.vae.config import default_config_path
 
     (tmp_path / "v.yaml").write_text(VAE_STUDY.format(base=default_config_path()))
     study = load_study(tmp_path / "v.yaml")
@@ -357,7 +357,7 @@ def test_labels_win_over_result_keys_and_any_crash_is_a_failed_row(tmp_path, mon
         out.mkdir(parents=True, exist_ok=True)
         return {"model": "bvit_tiny", "acc_T": 0.5}
 
-    from recurvit.tasks import classify_study
+    from recurvit.tasks.classify import study as classify_study
 
     monkeypatch.setattr(classify_study, "run", fake)
     kw = dict(task="classify", base="b.yaml", overrides=[], out=str(tmp_path / "a"), eval_spec={}, labels={"model": "bvit"})

@@ -9,7 +9,7 @@ pytest.importorskip("tensorboard")
 from recurvit.cli import main  # noqa: E402
 from recurvit.config import load_config  # noqa: E402
 from recurvit.errors import UserError  # noqa: E402
-from recurvit.tasks.classify import train  # noqa: E402
+from recurvit.tasks.classify.task import train  # noqa: E402
 from recurvit.train.tensorboard import read_scalars, scalars, tag  # noqa: E402
 
 FAST = ["model.embed_dim=24", "model.num_heads=2", "model.steps=2", "train.batch_size=256", "train.progress=false",
@@ -73,7 +73,8 @@ def test_train_events_equal_metrics_and_continue_on_resume(tmp_path):
 
 
 def test_vae_events_hold_psnr_and_ssim(tmp_path):
-    from recurvit.vae import load_vae_config, train_vae
+    from recurvit.tasks.vae.config import load_vae_config
+    from recurvit.tasks.vae.task import train_vae
 
     tiny = ["data.img_size=16", "data.train_crops=32", "data.max_test=16", "model.embed_dim=8", "model.groups=4",
             "model.depth=1", "model.z_channels=2", "train.batch_size=16", "train.progress=false", "train.threads=1",

@@ -9,7 +9,7 @@ from recurvit.config import load_config
 from recurvit.errors import UserError
 from recurvit.run import checkpoint as ckpt_io
 from recurvit.run.atomic import save_atomic
-from recurvit.tasks.classify import train
+from recurvit.tasks.classify.task import train
 from recurvit.train.losses import DepthSampler, readout_steps, stage_weights
 from recurvit.config import DepthConfig
 
@@ -121,7 +121,7 @@ def _epoch_with_spy(*overrides, batches=3):
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset
 
-    from recurvit.tasks.classify import train_one_epoch
+    from recurvit.tasks.classify.task import train_one_epoch
     from recurvit.train.optim import build_optimizer, build_scheduler
 
     cfg = _cfg("model.img_size=8", "model.in_chans=1", "model.num_classes=10", "train.weight_decay=0",
@@ -202,7 +202,7 @@ class _Scrambled(torch.utils.data.Dataset):
 
 @pytest.mark.slow
 def test_best_pt_is_chosen_on_the_validation_split_never_on_the_test_split(tmp_path, monkeypatch):
-    import recurvit.tasks.classify as loop
+    import recurvit.tasks.classify.task as loop
 
     cfg = _cfg("train.epochs=5", "data.holdout=0.2")
     train(cfg, tmp_path / "plain", log=lambda *a: None)

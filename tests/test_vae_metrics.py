@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from recurvit.errors import UserError
-from recurvit.vae.metrics import LPIPS, lpips_package_weights, psnr, ssim
+from recurvit.tasks.vae.metrics import LPIPS, lpips_package_weights, psnr, ssim
 
 LPIPS_TOL = 1e-6  # absolute, on distances of about 0.01-0.02 from the random backbones (measured: 0)
 SSIM_TOL = PSNR_TOL = 1e-4
@@ -20,7 +20,7 @@ SSIM_TOL = PSNR_TOL = 1e-4
 @pytest.fixture(scope="module")
 def backbone(tmp_path_factory):
     """net -> (path, state): torchvision-layout ``features.*`` of a seeded random VGG16 / AlexNet."""
-    from recurvit.vae.metrics import _torchvision_features
+    from recurvit.tasks.vae.metrics import _torchvision_features
 
     made = {}
 

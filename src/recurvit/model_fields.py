@@ -3,7 +3,7 @@
 ``ViTFields`` and ``LoopVAEFields`` list what a model is (width, depth, patch size, ...) with their
 defaults. The model configs in ``recurvit.models`` (``ViTConfig``, ``LoopVAEConfig``) extend them with
 checks and derived sizes; the run configs (``recurvit.config.ModelConfig``,
-``recurvit.vae.config.VAEModelConfig``) are derived from them by :func:`preset_schema`: a registry
+``recurvit.tasks.vae.config.VAEModelConfig``) are derived from them by :func:`preset_schema`: a registry
 preset's name and every field again, left None to take the preset's value. A field added here is a
 field of the model and a key of the run config at once, so neither is a hand-kept mirror of the other.
 

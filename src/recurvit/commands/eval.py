@@ -24,7 +24,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..errors import UserError
-    from ..tasks.classify import evaluate
+    from ..tasks.classify.task import evaluate
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")

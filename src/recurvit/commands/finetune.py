@@ -54,7 +54,7 @@ def _intermixed(base):
 
 def run(args) -> int:
     from ..errors import UserError
-    from ..tasks.finetune import finetune, finetune_resume
+    from ..tasks.classify.finetune import finetune, finetune_resume
 
     log = (lambda *a, **k: None) if args.json else print
     key, eq, _ = str(args.run).partition("=")

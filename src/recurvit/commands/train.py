@@ -35,7 +35,7 @@ def add_parser(sub):
 def run(args) -> int:
     from ..run import distributed as dist_io
     from ..run.rundir import default_run_dir
-    from ..tasks.classify import train
+    from ..tasks.classify.task import train
 
     cfg = load_run_config(args, load_config, _default_config())
     if args.print_config:

@@ -128,8 +128,8 @@ def run(args) -> int:
 
 def _train(args) -> int:
     from ..run.rundir import default_run_dir
-    from ..tasks.vae import train_vae
-    from ..vae.config import default_config_path, load_vae_config
+    from ..tasks.vae.config import default_config_path, load_vae_config
+    from ..tasks.vae.task import train_vae
 
     from ..run import distributed as dist_io
 
@@ -158,10 +158,9 @@ def _train(args) -> int:
 
 def _setup(args):
     """(model on device, cfg, test set, test loader, device) of a run."""
-    from .. import tasks  # noqa: F401  (registers the LoopVAE task's checkpoint reader)
     from ..run.device import pick_device
-    from ..vae.data import build_vae_datasets
-    from ..vae.evaluate import load_vae_run, make_test_loader
+    from ..tasks.vae.data import build_vae_datasets
+    from ..tasks.vae.evaluate import load_vae_run, make_test_loader
 
     model, cfg, _ = load_vae_run(args.run)
     if args.data_root:
@@ -175,8 +174,8 @@ def _setup(args):
 
 
 def _eval(args) -> int:
-    from ..vae.data import mean_image
-    from ..vae.evaluate import evaluate_vae, mean_image_baseline, save_grid
+    from ..tasks.vae.data import mean_image
+    from ..tasks.vae.evaluate import evaluate_vae, mean_image_baseline, save_grid
 
     model, cfg, train_set, test_set, loader, device = _setup(args)
     run = {"loops": _loops(args.loops, "--loops"), "enc_loops": _loops(args.enc_loops, "--enc-loops"),
@@ -187,11 +186,11 @@ def _eval(args) -> int:
         raise UserError(str(e)) from None
     lpips = inception = None
     if args.lpips or args.lpips_weights or args.vgg_weights:
-        from ..vae.metrics import LPIPS
+        from ..tasks.vae.metrics import LPIPS
 
         lpips = LPIPS(args.vgg_weights, args.lpips_weights).to(device)
     if args.rfid or args.inception_weights:
-        from ..vae.metrics import InceptionFeatures
+        from ..tasks.vae.metrics import InceptionFeatures
 
         inception = InceptionFeatures(args.inception_weights).to(device)
     res = evaluate_vae(model, loader, device, cfg.train.amp, lpips=lpips, inception=inception,
@@ -228,7 +227,7 @@ def _check_cost(model, loader, device, specs, args) -> None:
 
 
 def _intervene(args) -> int:
-    from ..vae.interventions import intervention_specs, plot, run_interventions, write_csv
+    from ..tasks.vae.interventions import intervention_specs, plot, run_interventions, write_csv
 
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     bad = [s for s in sides if s not in ("encoder", "decoder")]
@@ -285,10 +284,10 @@ def _profile_csv(out, target) -> Path:
 def _profile(args) -> int:
     import torch
 
-    from ..tasks.vae import resolve_vae_config
-    from ..vae.config import apply_overrides, config_from_dict, default_config_path, load_vae_config
-    from ..vae.data import build_vae_datasets
-    from ..vae.profile import profile_models, write_csv
+    from ..tasks.vae.config import apply_overrides, config_from_dict, default_config_path, load_vae_config
+    from ..tasks.vae.data import build_vae_datasets
+    from ..tasks.vae.profile import profile_models, write_csv
+    from ..tasks.vae.task import resolve_vae_config
 
     target, overrides = config_and_overrides(args.args)
     if target is not None and Path(target).is_dir():

@@ -8,11 +8,11 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from ..tasks import STUDIES
 from .grouping import pairs, table
 from .plateau import plateau_change
 from .plots import every_run
 from .power import seeds_needed
+from .registry import view_of
 from .spec import SEED_KEY, Study
 from .stats import fmt_p, mean_ci, welch
 
@@ -22,14 +22,14 @@ def evaluator_columns(rows: List[Dict[str, Any]], study: Study) -> List[str]:
     instances such as ``exit@beyond``) that some row has."""
     from .evaluators import columns, evaluator
 
-    table = getattr(STUDIES[study.task], "EVALUATORS", {})
+    table = getattr(view_of(study.task), "EVALUATORS", {})
     keys = list(table) + [k for k in study.evaluators if k not in table]
     cols = [c for k in keys for c in columns(k, evaluator(table, k))]
     return [c for c in dict.fromkeys(cols) if any(r.get(c) is not None for r in rows)]
 
 
 def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> None:
-    axes, view = [a for a, _ in study.axes], STUDIES[study.task]
+    axes, view = [a for a, _ in study.axes], view_of(study.task)
     variant_keys = sorted({f"variant_{k}" for r in rows for k, v in (r.get("variants") or {}).items() if v})
     own = view.csv_columns(rows) if hasattr(view, "csv_columns") else []  # a task's columns that vary with its runs
     keys = (["run_id"] + axes + [k for k in view.CSV_KEYS if k not in axes] + [k for k in own if k not in axes]
@@ -81,13 +81,13 @@ def rows_from_text(text: str, study: Study) -> List[Dict[str, Any]]:
     rows = [{k: (v if k in ("run_id", *dict(study.axes)) else num(v)) for k, v in r.items()}
             for r in csv.DictReader(io.StringIO(text))]
     for r in rows:
-        STUDIES[study.task].fix_row(r)
+        view_of(study.task).fix_row(r)
     return rows
 
 
 def cells(rows: List[Dict[str, Any]], study: Study) -> List[Dict[str, Any]]:
     """Rows grouped over every grid axis except the seed: statistics of each figure."""
-    axes, view = study.cell_axes(), STUDIES[study.task]
+    axes, view = study.cell_axes(), view_of(study.task)
     groups: Dict[Tuple, List[Dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(tuple(r.get(a) for a in axes), []).append(r)
@@ -119,7 +119,7 @@ def _cost(rows: List[Dict[str, Any]]) -> str:
 def comparisons(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     if not study.compare:
         return []
-    axes, view = study.cell_axes(), STUDIES[study.task]
+    axes, view = study.cell_axes(), view_of(study.task)
     keys, scale, unit = view.CONTRAST
     lines = [f"Comparisons (difference of means, {unit}, with its 95% Welch interval and two-sided p-value; "
              f"n = seeds per cell; seeds needed = the seeds per cell with which a 95% interval would exclude 0 "
@@ -176,7 +176,7 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
         lines += ["Command:", "", "```", command, "```", ""]
     lines += [_cost(rows), ""]
     lines += _not_run_yet(study, rows + failed)
-    view = STUDIES[study.task]
+    view = view_of(study.task)
     chance = view.chance(rows)
     lines += view.intro(rows, seeds)
     lines += view.tables(cs, study)
@@ -242,7 +242,7 @@ def evaluated_table(cs: List[Dict[str, Any]], study: Study) -> List[str]:
 
 
 def _plots(cs, study: Study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
-    return STUDIES[study.task].report_plots(cs, study, out_dir, chance) if cs else []
+    return view_of(study.task).report_plots(cs, study, out_dir, chance) if cs else []
 
 
 __all__ = ["write_report", "write_results_csv", "cells", "SEED_KEY"]

@@ -8,7 +8,7 @@ Runs go to worker processes (``--workers N``, one thread each by default) or, wi
 submitit``, to cluster jobs (:mod:`recurvit.study.launch`); a run that fails with a user error
 (diverged, bad option) is reported in the study, not fatal to it.
 
-What a run of a task trains and reports is the task's (``recurvit.tasks.STUDIES[task].run``);
+What a run of a task trains and reports is the task's (its registered view's ``run``: :mod:`.registry`);
 ``run_one(..., nproc=N)`` trains it data-parallel in N processes (torchrun, one GPU each:
 ``recurvit train --nproc N``'s processes) and evaluates it in this process; a cluster job with
 ``--gpus-per-run N`` runs that way.
@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..errors import UserError
 from .archive import archive, archived, read_result
 from .evaluators import missing, recorded
+from .registry import import_registrants, registrants, view_of
 from .spec import Study
 from .workers import estimate, in_processes
 
@@ -37,12 +38,13 @@ def _write_result(out: Path, res: Dict[str, Any]) -> None:
 
 def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dict[str, Any],
             labels: Dict[str, str], threads: Optional[int] = None, nproc: int = 1,
-            previous: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+            previous: Optional[Dict[str, Any]] = None, imports: Sequence[str] = ()) -> Dict[str, Any]:
     """Train (or resume) one grid point, run the evaluators of ``eval_spec`` on it and write its result.json.
 
     ``previous``: the run's stored result, when its training is complete and only some evaluators are
     missing (``eval_spec`` then names just those; the stored figures of the others are kept).
-    ``nproc`` > 1: train in that many processes (torchrun, DDP), evaluate here."""
+    ``nproc`` > 1: train in that many processes (torchrun, DDP), evaluate here. ``imports``: the modules
+    that register the study's tasks (:func:`recurvit.study.registry.registrants`), for a fresh process."""
     if threads:
         import torch
 
@@ -50,10 +52,9 @@ def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dic
     out_p = Path(out)
     (out_p / "error.txt").unlink(missing_ok=True)  # of an earlier, failed attempt
     t0 = time.perf_counter()
-    from ..tasks import STUDIES
-
+    import_registrants(imports)  # a fresh process (a spawned worker, a cluster job): the tasks register again
     eval_spec = recorded({"eval": eval_spec})  # also the {max_steps_factor, variants} form of older callers
-    res = STUDIES[task].run(base, overrides, out_p, eval_spec, nproc=nproc, threads=threads)
+    res = view_of(task).run(base, overrides, out_p, eval_spec, nproc=nproc, threads=threads)
     record = eval_spec
     if previous is not None:
         record = {**recorded(previous), **eval_spec}
@@ -130,7 +131,7 @@ def pending(study: Study, out: Path, only: Sequence[str] = ()):
             previous = res if res is not None and (rd / "last.pt").is_file() else None
             todo.append(dict(task=study.task, base=str(spec.base), overrides=spec.overrides, out=str(rd),
                              eval_spec=lacking if previous is not None else asked, labels=spec.labels,
-                             previous=previous))
+                             previous=previous, imports=registrants()))
         elif res is not None:
             done.append(res)  # not chosen by --only: reported with what it has
     return done, todo

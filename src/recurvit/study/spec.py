@@ -43,6 +43,7 @@ import yaml
 from ..errors import UserError
 from .cells import SEED_KEY
 from .claims import load_claims
+from .registry import view_of
 
 
 @dataclass
@@ -153,10 +154,7 @@ def load_study(path: str | Path) -> Study:
             raise UserError(f"study file {p}: '{key}:' must be a mapping (key: value lines), "
                             f"got a {type(raw[key]).__name__}")
     task = str(raw.get("task", "classify"))
-    from ..tasks import STUDIES  # the tasks a study can run: those that say what a study asks of their runs
-
-    if task not in STUDIES:
-        raise UserError(f"study file {p}: task must be one of {', '.join(STUDIES)}, got '{task}'")
+    view = view_of(task, f"study file {p}")  # the tasks a study can run: those that registered a view
     axes = []
     for axis, values in (raw["grid"] or {}).items():
         if isinstance(values, dict):
@@ -194,7 +192,7 @@ def load_study(path: str | Path) -> Study:
     rep = raw.get("report") or {}
     from .evaluators import parse_eval
 
-    evaluators = parse_eval(raw.get("eval") or {}, getattr(STUDIES[task], "EVALUATORS", {}), f"study file {p}",
+    evaluators = parse_eval(raw.get("eval") or {}, getattr(view, "EVALUATORS", {}), f"study file {p}",
                             {axis: [lbl for lbl, _ in variants] for axis, variants in axes})
     pairs = rep.get("compare") or []
     if not isinstance(pairs, list) or any(not isinstance(pair, list) or len(pair) != 2 for pair in pairs):
@@ -213,7 +211,7 @@ def load_study(path: str | Path) -> Study:
         raise UserError(f"study file {p}: grid has no axis; give at least one (e.g. train.seed: [0, 1, 2])")
     study.registration = _registration(raw.get("registration"), p, axes)
     study.runs = expand(study) if source is None else _expand_from(study, source)
-    check_run = getattr(STUDIES[task], "check_run", None)
+    check_run = getattr(view, "check_run", None)
     for spec in study.runs[:CHECKED_RUNS] if check_run is not None else ():  # a bad value: one line now, not
         try:                                                                 # a failed run after hours of others
             check_run(str(spec.base or study.base), spec.overrides)

@@ -1,6 +1,7 @@
 """What a training mode must say for the one loop (:func:`recurvit.train.fit.fit`) to train it.
 
-A task is one file in ``tasks/`` plus one entry in ``recurvit.tasks.TASKS``. It defines:
+A task is one folder in ``tasks/`` (its task, evaluators and study view) plus one entry in
+``recurvit.tasks.TASKS``. It defines:
 
 - ``name``: the checkpoint's ``task`` key (a resume of another task's run is refused).
 - ``reader``: how its checkpoints become a model again (:class:`recurvit.run.checkpoint.Reader`), which

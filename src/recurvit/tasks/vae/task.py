@@ -24,19 +24,19 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, RandomSampler
 from tqdm.auto import tqdm
 
-from ..errors import UserError
-from ..run import checkpoint as ckpt_io, distributed as dist_io
-from ..run.device import autocast
-from ..run.progress import bar_options
-from ..train.checks import Diverged
-from ..train.fit import fit
-from ..train.optim import build_optimizer, build_scheduler, optimizer_step
-from ..train.tensorboard import require_tensorboard
-from ..vae.config import VAERunConfig, as_dict, config_from_dict, to_yaml
-from ..vae.data import build_vae_datasets, mean_image
-from ..vae.evaluate import TASK, build_vae_model, evaluate_vae, make_test_loader, mean_image_baseline, read_vae
-from ..vae.losses import PatchDiscriminator, d_hinge_loss, g_hinge_loss, kl_loss, recon_loss
-from .base import Task
+from ...errors import UserError
+from ...run import checkpoint as ckpt_io, distributed as dist_io
+from ...run.device import autocast
+from ...run.progress import bar_options
+from ...train.checks import Diverged
+from ...train.fit import fit
+from ...train.optim import build_optimizer, build_scheduler, optimizer_step
+from ...train.tensorboard import require_tensorboard
+from ..base import Task
+from .config import VAERunConfig, as_dict, config_from_dict, to_yaml
+from .data import build_vae_datasets, mean_image
+from .evaluate import TASK, build_vae_model, evaluate_vae, make_test_loader, mean_image_baseline, read_vae
+from .losses import PatchDiscriminator, d_hinge_loss, g_hinge_loss, kl_loss, recon_loss
 
 
 def resolve_vae_config(cfg: VAERunConfig, info) -> VAERunConfig:
@@ -119,7 +119,7 @@ class VAETask(Task):
         self.sched = build_scheduler(self.opt, tc, self.steps_per_epoch)
         self.lpips = None
         if tc.perceptual_weight > 0:
-            from ..vae.metrics import LPIPS
+            from .metrics import LPIPS
 
             self.lpips = LPIPS(tc.vgg_weights, tc.lpips_weights,
                                flags=("train.vgg_weights=FILE", "train.lpips_weights=FILE")).to(device)

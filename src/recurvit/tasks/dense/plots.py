@@ -27,7 +27,7 @@ def solved_panels(cs: List[Dict[str, Any]], study, out_dir: Path) -> Tuple[str, 
     """Solved (mean over the cell's seeds) against iterations on a log axis, a line a size, a panel a cell."""
     from matplotlib.figure import Figure
 
-    from ..analysis.mazes import plot_solved
+    from ...analysis.mazes import plot_solved
 
     grid = _layout(cs, study.cell_axes())
     nr, nc = len(grid), max(len(r) for r in grid)

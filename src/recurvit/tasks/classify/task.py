@@ -1,4 +1,4 @@
-"""Classification: the task ``recurvit train`` trains (and fine-tuning builds on, tasks/finetune.py).
+"""Classification: the task ``recurvit train`` trains (and fine-tuning builds on, finetune.py).
 
 The task never knows which core it drives: it asks the model for logits at readout steps
 (``forward_steps(..., at=...)``) and weighs them with ``losses.supervised_loss``.
@@ -17,20 +17,20 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from ..analysis.budget import check_param_memory, check_train_memory, first_batches_guard
-from ..config import RunConfig, as_dict, to_yaml
-from ..data.datasets import dense_target, native_size
-from ..errors import UserError
-from ..run import checkpoint as ckpt_io, distributed as dist_io
-from ..run.device import autocast
-from ..run.loaders import build_loaders, build_val_loader, resolve_model_config, set_epoch
-from ..run.preprocessing import data_record
-from ..run.progress import bar_options
-from ..train.checks import Diverged, check_train_config, out_of_memory
-from ..train.fit import fit
-from ..train.losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
-from ..train.optim import build_optimizer, build_scheduler, optimizer_step
-from .base import Task, data_task
+from ...analysis.budget import check_param_memory, check_train_memory, first_batches_guard
+from ...config import RunConfig, as_dict, to_yaml
+from ...data.datasets import dense_target, native_size
+from ...errors import UserError
+from ...run import checkpoint as ckpt_io, distributed as dist_io
+from ...run.device import autocast
+from ...run.loaders import build_loaders, build_val_loader, resolve_model_config, set_epoch
+from ...run.preprocessing import data_record
+from ...run.progress import bar_options
+from ...train.checks import Diverged, check_train_config, out_of_memory
+from ...train.fit import fit
+from ...train.losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
+from ...train.optim import build_optimizer, build_scheduler, optimizer_step
+from ..base import Task, data_task
 
 
 # ------------------------------------------------------------------------------ evaluation
@@ -210,7 +210,7 @@ class ClassifyTask(Task):
         self.model = ckpt_io.build_model_from_config(cfg).to(device)
 
     def build_depth(self, env):
-        from ..data import build_batch_transform
+        from ...data import build_batch_transform
 
         tc = self.cfg.train
         # one depth per global batch: under several processes the draws come from a generator that
@@ -249,7 +249,7 @@ class ClassifyTask(Task):
     def _speed_and_scale(self, device, env) -> Optional[Callable]:
         """Activation checkpointing, regional compilation and the DDP wrapper, as the config asks;
         returns the training forward (the DDP module under several processes, else None)."""
-        from ..models.speed import compile_available, compile_blocks, set_activation_checkpointing
+        from ...models.speed import compile_available, compile_blocks, set_activation_checkpointing
 
         model, tc = self.model, self.cfg.train
         if tc.activation_checkpointing:

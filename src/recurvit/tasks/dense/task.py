@@ -29,20 +29,20 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from ..config import RunConfig
-from ..errors import UserError
-from ..run import checkpoint as ckpt_io, distributed as dist_io
-from ..run.device import autocast
-from ..run.loaders import build_loaders, resolve_model_config
-from ..run.progress import bar_options
-from ..train.checks import Diverged, check_train_config
-from ..train.fit import fit
-from ..train.losses import (progressive_draw, progressive_logits, progressive_mix, readout_steps, stage_weights,
-                            supervised_loss)
-from ..data.datasets import DENSE, dense_target
-from ..train.optim import optimizer_step
-from .base import DATA_TASKS
-from .classify import ClassifyTask
+from ...config import RunConfig
+from ...errors import UserError
+from ...run import checkpoint as ckpt_io, distributed as dist_io
+from ...run.device import autocast
+from ...run.loaders import build_loaders, resolve_model_config
+from ...run.progress import bar_options
+from ...train.checks import Diverged, check_train_config
+from ...train.fit import fit
+from ...train.losses import (progressive_draw, progressive_logits, progressive_mix, readout_steps, stage_weights,
+    supervised_loss)
+from ...data.datasets import DENSE, dense_target
+from ...train.optim import optimizer_step
+from ..base import DATA_TASKS
+from ..classify.task import ClassifyTask
 
 
 # ------------------------------------------------------------------------------ figures
@@ -168,7 +168,7 @@ class DenseTask(ClassifyTask):
         self._check_model()
 
     def _check_model(self):
-        from ..data.mazes import maze_pixels
+        from ...data.mazes import maze_pixels
 
         mc, cfg = self.model.cfg, self.cfg
         if hasattr(mc, "dense") and not mc.dense:
@@ -238,7 +238,7 @@ class DenseTask(ClassifyTask):
         return out
 
     def _test_every_size(self, env) -> Dict[str, float]:
-        from ..data.mazes import maze_test_sets
+        from ...data.mazes import maze_test_sets
 
         out = {}
         for size, data in maze_test_sets(self.cfg.data).items():

@@ -11,10 +11,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from ..errors import UserError
-from ..run import checkpoint as ckpt_io
-from ..run.device import autocast
-from ..run.load import load
+from ...errors import UserError
+from ...run import checkpoint as ckpt_io
+from ...run.device import autocast
+from ...run.load import load
 from .config import VAERunConfig, config_from_dict
 from .metrics import out_of_range, psnr, ssim, to_unit
 
@@ -23,8 +23,8 @@ TASK = "vae"  # checkpoint["task"] of runs written by `recurvit vae train`
 
 def build_vae_model(cfg: VAERunConfig) -> nn.Module:
     """The LoopVAE preset ``cfg.model.name`` with the config's non-None fields as overrides."""
-    from ..models import create_model, model_config
-    from ..models.loopvae import LoopVAE, LoopVAEConfig
+    from ...models import create_model, model_config
+    from ...models.loopvae import LoopVAE, LoopVAEConfig
 
     name = cfg.model.name
     opts = {k: v for k, v in asdict(cfg.model).items() if k != "name" and v is not None}
@@ -132,8 +132,8 @@ def save_grid(model: nn.Module, dataset: Dataset, path: str | Path, device: torc
     from matplotlib.figure import Figure
     from torchvision.utils import make_grid
 
-    from ..plot_style import wrap
-    from ..run.outputs import save_figure
+    from ...plot_style import wrap
+    from ...run.outputs import save_figure
 
     n = min(n, len(dataset))
     idx = torch.linspace(0, len(dataset) - 1, n).round().long().tolist()

@@ -1,6 +1,6 @@
 """What a study asks of fine-tuning runs: fine-tune each run of another study (``from:``) with the
 recipe of this study's grid, then evaluate it as a classification run (the same evaluators, columns,
-tables and plots as :mod:`recurvit.tasks.classify_study`, plus the method and its trainable parameters).
+tables and plots as :mod:`recurvit.tasks.classify.study`, plus the method and its trainable parameters).
 
 ::
 
@@ -22,13 +22,13 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from ..errors import UserError
-from ..run.progress import quiet
-from ..study.grouping import table
-from .classify_eval import EVALUATORS  # noqa: F401  (a fine-tune is evaluated as a classification run)
-from .classify_study import (ACC_HEAD, ACC_KEYS, CONTRAST, CURVE_KEY, STAT_KEYS, chance,  # noqa: F401
-                             evaluate_trained, fill_cell, fix_row, intro, prepare_rows, report_plots)
-from .classify_study import CSV_KEYS as _CLASSIFY_KEYS, SHARED_KEYS as _SHARED, tables as _classify_tables
+from ...errors import UserError
+from ...run.progress import quiet
+from ...study.grouping import table
+from .evaluators import EVALUATORS  # noqa: F401  (a fine-tune is evaluated as a classification run)
+from .study import (ACC_HEAD, ACC_KEYS, CONTRAST, CURVE_KEY, STAT_KEYS, chance, evaluate_trained, fill_cell, fix_row,
+    intro, prepare_rows, report_plots)
+from .study import CSV_KEYS as _CLASSIFY_KEYS, SHARED_KEYS as _SHARED, tables as _classify_tables
 
 name = "finetune"
 CSV_KEYS = ["method", "trainable_params", *_CLASSIFY_KEYS]

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import UserError
+from ...errors import UserError
 
 from .config import RECON  # declared on train.recon
 

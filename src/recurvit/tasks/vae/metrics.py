@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import UserError
+from ...errors import UserError
 
 VGG_FILE = "vgg16-397923af.pth"
 ALEX_FILE = "alexnet-owt-7be5be79.pth"

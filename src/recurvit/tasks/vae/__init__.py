@@ -1,7 +1,9 @@
-"""LoopVAE data, evaluation and recurrence studies (`recurvit vae train|eval|intervene|profile`);
-its training is the task :mod:`recurvit.tasks.vae` (``train_vae`` is re-exported here).
+"""The LoopVAE tokenizer's home (`recurvit vae train|eval|intervene|profile`): its run config (config), data
+(data), losses (losses), training task (task), evaluation and metrics (evaluate, metrics: PSNR / SSIM /
+LPIPS / rFID), loop interventions (interventions), runtime profile (profile), and what a study asks of its
+runs (evaluators, study).
 
-    from recurvit.vae import load_vae_config, train_vae, load_vae_run, evaluate_vae
+    from recurvit.tasks.vae import load_vae_config, train_vae, load_vae_run, evaluate_vae
     cfg = load_vae_config(None, ["train.epochs=2"])           # the embedded default is configs/vae/photos.yaml
     metrics = train_vae(cfg, "runs/vae-demo")                 # config.yaml, metrics.jsonl, last.pt
     model, cfg, _ = load_vae_run("runs/vae-demo")
@@ -12,15 +14,8 @@ vae_unshared, vae_unshared_transformer).
 from .config import VAERunConfig, default_config_path, load_vae_config
 from .data import build_vae_datasets, mean_image
 from .evaluate import build_vae_model, evaluate_vae, load_vae_run, mean_image_baseline, save_grid
-
-
-def __getattr__(name):  # train_vae on first use: recurvit.tasks.vae itself imports this package's modules
-    if name == "train_vae":
-        from ..tasks.vae import train_vae
-
-        return train_vae
-    raise AttributeError(f"module 'recurvit.vae' has no attribute {name!r}")
-
+from .task import VAETask, train_vae
 
 __all__ = ["VAERunConfig", "load_vae_config", "default_config_path", "build_vae_datasets", "mean_image",
-           "build_vae_model", "evaluate_vae", "load_vae_run", "mean_image_baseline", "save_grid", "train_vae"]
+           "build_vae_model", "evaluate_vae", "load_vae_run", "mean_image_baseline", "save_grid", "VAETask",
+           "train_vae"]

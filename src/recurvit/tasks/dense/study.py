@@ -1,5 +1,5 @@
 """What a study asks of dense (maze) runs: each run's result row (train, then one sweep of sizes x test-time
-iterations, :class:`recurvit.tasks.dense_eval.Mazes`) and the columns, tables and plots of its report.
+iterations, :class:`recurvit.tasks.dense.evaluators.Mazes`) and the columns, tables and plots of its report.
 
 ::
 
@@ -13,7 +13,7 @@ iterations, :class:`recurvit.tasks.dense_eval.Mazes`) and the columns, tables an
       mazes: {max_steps_factor: 10, mazes: 300, min_steps: null, patience: 3}   # the defaults
 
 The per-size columns (``solved_<s>``, ``solved_<s>_10T``, ``drop_10T_<s>``, ...) are listed in
-:mod:`recurvit.tasks.dense_eval`; results.csv holds them for every size a run was tested at.
+:mod:`recurvit.tasks.dense.evaluators`; results.csv holds them for every size a run was tested at.
 """
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..run.progress import quiet
-from ..study.grouping import table
-from ..study.plateau import plateau_change, plateau_per_seed, plateau_summary
-from ..study.stats import fmt_ci, mean_ci
-from ..study.workers import run_config, train_in_processes
-from .classify_study import check_run  # noqa: F401  (a maze run's config is a run config too)
-from .dense_eval import EVALUATORS, RUN_COLUMNS, size_columns  # noqa: F401  (EVALUATORS: the study's table)
+from ...run.progress import quiet
+from ...study.grouping import table
+from ...study.plateau import plateau_change, plateau_per_seed, plateau_summary
+from ...study.stats import fmt_ci, mean_ci
+from ...study.workers import run_config, train_in_processes
+from ..classify.study import check_run  # noqa: F401  (a maze run's config is a run config too)
+from .evaluators import EVALUATORS, RUN_COLUMNS, size_columns  # noqa: F401  (EVALUATORS: the study's table)
 
 name = "dense"
 CSV_KEYS = ["model", "core", "runs_as", "width", "steps", "seed", "epochs", "params", "params_stored",
@@ -49,8 +49,8 @@ _SIZE = re.compile(r"^solved_(\d+)$")
 def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
         threads: Optional[int] = None) -> Dict[str, Any]:
     """Train (or resume) the maze run, then sweep it (:data:`EVALUATORS`); the row also holds its cost."""
-    from ..config import load_config
-    from .classify import train  # data with a per-pixel target train as the dense task
+    from ...config import load_config
+    from ..classify.task import train  # data with a per-pixel target train as the dense task
 
     cfg = run_config(load_config, out, base, overrides)
     cfg.train.progress = False
@@ -63,12 +63,12 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
 
 def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
     """The result row of a trained maze run (its last.pt: best.pt is chosen on validation at T only)."""
-    from ..analysis.accounting import count_params, measure_flops
-    from ..data.mazes import maze_pixels
-    from ..run.load import load
-    from ..run.device import pick_device
-    from ..run.rundir import RunDir
-    from ..study.evaluators import Evaluated, evaluate_run
+    from ...analysis.accounting import count_params, measure_flops
+    from ...data.mazes import maze_pixels
+    from ...run.device import pick_device
+    from ...run.load import load
+    from ...run.rundir import RunDir
+    from ...study.evaluators import Evaluated, evaluate_run
 
     t0 = time.perf_counter()
     loaded = load(out / "last.pt")
@@ -171,7 +171,7 @@ def tables(cs: List[Dict[str, Any]], study) -> List[str]:
 
 
 def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
-    from .dense_plots import maze_picture, solved_panels
+    from .plots import maze_picture, solved_panels
 
     made = []
     if any(c["sweeps"] for c in cs):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
-from ..errors import UserError
+from ...errors import UserError
 from .config import VAEDataConfig
 
 VAE_DATASETS = ("photos", "digits", "fashion_mnist", "cifar10", "cifar100", "imagefolder", "synthetic")
@@ -135,8 +135,8 @@ def _photos(cfg: VAEDataConfig, seed: int) -> Tuple[Dataset, Dataset, VAEDataInf
 
 
 def _foundation(cfg: VAEDataConfig) -> Tuple[Dataset, Dataset, VAEDataInfo]:
-    from ..config import DataConfig
-    from ..data import build_datasets
+    from ...config import DataConfig
+    from ...data import build_datasets
 
     dc = DataConfig(name=cfg.name, root=cfg.root, img_size=cfg.img_size, num_workers=cfg.num_workers,
                     crop_padding=0, hflip=cfg.hflip)

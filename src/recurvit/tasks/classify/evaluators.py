@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict
 
-from ..study.evaluators import Evaluated, Evaluator
+from ...study.evaluators import Evaluated, Evaluator
 
 
 class Horizon(Evaluator):
@@ -33,7 +33,7 @@ class Horizon(Evaluator):
     default = True  # every classification study sweeps the horizon (to T at least)
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ..analysis.horizon import horizon_sweep, summarize
+        from ...analysis.horizon import horizon_sweep, summarize
 
         T = run.model.nominal_steps
         K = options["max_steps_factor"] * T
@@ -49,8 +49,8 @@ class Variants(Evaluator):
     free_form = True
 
     def check(self, options, where):
-        from ..errors import UserError
-        from ..models.cores import CORES
+        from ...errors import UserError
+        from ...models.cores import CORES
 
         opts = super().check(options, where)
         known = {n for core in CORES.values() for n in core.option_names()}
@@ -62,7 +62,7 @@ class Variants(Evaluator):
         return opts
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from .classify import evaluate
+        from .task import evaluate
 
         mc = run.model.cfg
         out: Dict[str, Any] = {}
@@ -83,7 +83,7 @@ class PerStep(Evaluator):
     columns = ("skip_drop_T", "skip_drop_mean", "rel_update_T", "rel_update_ratio", "cka_last_pair", "readout_gain_T")
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ..analysis.per_step import analyze_model
+        from ...analysis.per_step import analyze_model
 
         res = analyze_model(run.model, first_images(run, options["images"]), ("readout", "norms", "cka", "pruning"),
                             device=run.device)
@@ -101,7 +101,7 @@ class Continuation(Evaluator):
     columns = ("continue_drop_T",)
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ..analysis.per_step import continuation
+        from ...analysis.per_step import continuation
 
         res = continuation(run.model, first_images(run, options["images"]), device=run.device)
         return {"continuation": res, "continue_drop_T": res["drop"]}
@@ -118,7 +118,7 @@ class StepPruning(Evaluator):
     columns = ("prune_split_r",)
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ..analysis.per_step import step_specificity
+        from ...analysis.per_step import step_specificity
 
         res = step_specificity(run.model, first_images(run, options["images"]), mlp_slices=options["mlp_slices"],
                                device=run.device)
@@ -170,8 +170,8 @@ class Exit(Evaluator):
                "exit_speedup", "exit_calibration_steps")
 
     def check(self, options, where):
-        from ..errors import UserError
-        from ..models.adaptive import CRITERIA
+        from ...errors import UserError
+        from ...models.adaptive import CRITERIA
 
         opts = super().check(options, where)
         crit = opts["criteria"]
@@ -189,7 +189,7 @@ class Exit(Evaluator):
         return opts
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ..analysis.exit import calibrated_exits
+        from ...analysis.exit import calibrated_exits
 
         o = dict(options)
         if o["step_budget"] is not None:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from ..config import AMP_MODES, OptimConfig, apply_overrides, as_dict, choice, load_config, save_config, to_yaml
-from ..config import config_from_dict as _config_from_dict
-from ..model_fields import LoopVAEFields, preset_schema
+from ...config import AMP_MODES, OptimConfig, apply_overrides, as_dict, choice, load_config, save_config, to_yaml
+from ...config import config_from_dict as _config_from_dict
+from ...model_fields import LoopVAEFields, preset_schema
 
 
 RECON = ("l1", "l2")  # reconstruction losses (vae/losses.py)

@@ -1,7 +1,7 @@
 """The evaluators a LoopVAE study can name in its ``eval:`` section (see :mod:`recurvit.study.evaluators`).
 
 =================  ===============================================================================
-``interventions``  loop interventions on the trained recurrence (:mod:`recurvit.vae.interventions`):
+``interventions``  loop interventions on the trained recurrence (:mod:`recurvit.tasks.vae.interventions`):
                    every loop ``truncate``-d, the last trained loop's update scaled by each of
                    ``factors`` (side by side and scale by scale), and every loop's relative update
                    ||dh|| / ||h||. Columns claims read: ``trunc1_cost_db`` (PSNR lost with one loop
@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict
 
-from ..study.evaluators import Evaluated, Evaluator
+from ...study.evaluators import Evaluated, Evaluator
 
 
 class Interventions(Evaluator):
@@ -24,7 +24,7 @@ class Interventions(Evaluator):
     columns = ("trunc1_cost_db", "trunc1_oor_gain", "skip_last_cost_db", "last_update_rel")
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ..vae.interventions import intervention_specs, run_interventions, update_sizes
+        from .interventions import intervention_specs, run_interventions, update_sizes
 
         model = run.model
         truncate = sorted({1, *map(int, options["truncate"])})

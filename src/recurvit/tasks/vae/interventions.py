@@ -22,8 +22,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from .. import tables
-from ..run.progress import show_progress
+from ... import tables
+from ...run.progress import show_progress
 from .evaluate import evaluate_vae
 
 COLUMNS = ["kind", "side", "scale", "loop", "factor", "enc_loops", "dec_loops", "block_applications",
@@ -141,7 +141,7 @@ def plot(rows: List[Dict[str, Any]], path: str | Path, title: str = "") -> Path:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    from ..run.outputs import save_figure
+    from ...run.outputs import save_figure
 
     save_figure(fig, path, dpi=120)
     return path

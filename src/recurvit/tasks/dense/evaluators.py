@@ -33,8 +33,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..errors import UserError
-from ..study.evaluators import Evaluated, Evaluator
+from ...errors import UserError
+from ...study.evaluators import Evaluated, Evaluator
 
 FACTORS = (2, 4, 10)  # solved_<s>_<k>T columns
 RUN_COLUMNS = ("val_solved", "val_best_solved", "val_best_iter", "max_iters", "mazes_per_size",
@@ -123,8 +123,8 @@ class Mazes(Evaluator):
 
         from torch.utils.data import DataLoader, Subset
 
-        from ..analysis.mazes import maze_sweep
-        from ..data.mazes import build_mazes, maze_test_sets
+        from ...analysis.mazes import maze_sweep
+        from ...data.mazes import build_mazes, maze_test_sets
 
         model, data, o = run.model, run.cfg.data, options
         T = model.nominal_steps
