@@ -1,6 +1,6 @@
 """The fault-and-bad-input probe: what a careless or unlucky user does to recurvit, and what it survives.
 
-    python scripts/probe.py                  # -> results/probe/report.md and probe.json (about 10 minutes)
+    python scripts/probe.py                  # -> results/probe/report.md and probe.json (about 50 minutes)
     python scripts/probe.py --kills 2        # fewer kill -9 trials per kind
     python scripts/probe.py --only bad --only payloads --out /tmp/probe   # parts of it, elsewhere
 
@@ -9,9 +9,16 @@ Three figures, each from the command line in subprocesses (one CPU thread each):
   process, one study worker, the ``train --nproc 2`` launcher) or of ``export --format hf``, then the documented way on
   (``--resume`` or the same study command); survived = the per-epoch metrics (timings aside)
   equal those of an uninterrupted run of the same command;
-- malicious payloads: pickles whose unpickling runs code, in every checkpoint slot a command
-  reads, and YAML tags that construct Python objects, in every YAML a command reads; executed =
-  the payload's marker file exists afterwards;
+- malicious payloads, each a file (or an argument) someone else could hand a user, in a fresh copy of a
+  trained run: pickles whose unpickling runs code (torch.save, a bare pickle, a real checkpoint with its
+  data.pkl swapped) in every checkpoint slot of every run kind for every command that reads it, in the
+  checkpoint file given directly, as LPIPS / rFID weights and in an exported folder; names in an exported
+  config.json that an import would resolve; YAML tags that construct Python objects or import a module
+  (!!python/object/apply, /name, /module) in every YAML a command reads and in key=value overrides; CIFAR
+  archives whose members escape data.root (.., absolute, symlinks, hard links, devices, FIFOs) and CIFAR
+  batches that are code-running pickles; symlinks planted in a run folder where a command writes.
+  Executed = the payload's marker file exists afterwards, or anything outside the folder it came in
+  was written;
 - bad inputs: mistakes a user makes on the command line (issue 39's among them); clear = exit status 2
   with one line on stderr.
 """
@@ -22,8 +29,10 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -37,9 +46,9 @@ TIMING = {"seconds", "img_per_s", "train_seconds", "train_cpu_seconds"}
 VAE = [str(ROOT / "configs/vae/digits.yaml"), "model.embed_dim=8", "train.batch_size=128"]
 
 
-def cli(*args, timeout=600) -> subprocess.CompletedProcess:
+def cli(*args, timeout=600, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "recurvit", *map(str, args)], capture_output=True, text=True,
-                          env=ENV, timeout=timeout, cwd=ROOT)
+                          env={**ENV, **(env or {})}, timeout=timeout, cwd=ROOT)
 
 
 def start(*args) -> subprocess.Popen:
@@ -143,6 +152,8 @@ def kill_trials(tmp: Path, n: int, rng: random.Random) -> list:
 
 # ---------------------------------------------------------------------------------- payloads
 class _Payload:
+    """Unpickling it runs ``touch MARKER``."""
+
     def __init__(self, marker):
         self.marker = marker
 
@@ -150,65 +161,506 @@ class _Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-def payload_trials(tmp: Path, runs: dict) -> list:
-    """``runs``: a trained run of each kind ("classify", "finetune", "vae"); each payload goes into a copy."""
+def torch_pickle(path: Path, marker: Path) -> None:
+    """A torch.save file (a zip archive) holding a code-running object where a checkpoint keeps its weights."""
     import torch
 
+    torch.save({"format": "recurvit-checkpoint-v1", "config": {}, "model": _Payload(marker)}, path)
+
+
+def plain_pickle(path: Path, marker: Path) -> None:
+    """A bare pickle (what torch.load read before its zip format) of a code-running object."""
+    with open(path, "wb") as f:
+        pickle.dump({"format": "recurvit-checkpoint-v1", "config": {}, "model": _Payload(marker)}, f)
+
+
+def zip_pickle(path: Path, marker: Path) -> None:
+    """A real checkpoint (the file at ``path``, else a fresh torch.save) whose ``data.pkl`` member is swapped
+    for a code-running pickle: the tensors, the version and the byte order stay those of the real archive."""
+    import io
+    import zipfile
+
+    import torch
+
+    if Path(path).is_file() and zipfile.is_zipfile(path):
+        src = Path(path).read_bytes()
+    else:
+        buf = io.BytesIO()
+        torch.save({"format": "recurvit-checkpoint-v1", "config": {}, "model": {"w": torch.zeros(4)}}, buf)
+        src = buf.getvalue()
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(src)) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith("/data.pkl"):
+                data = pickle.dumps({"format": "recurvit-checkpoint-v1", "config": {}, "model": _Payload(marker)},
+                                    protocol=2)
+            zout.writestr(info.filename, data)
+    Path(path).write_bytes(out.getvalue())
+
+
+PICKLES = ((torch_pickle, "torch.save"), (plain_pickle, "pickle.dump"), (zip_pickle, "a zip with data.pkl swapped"))
+TAGS = ("object/apply", "python/name", "python/module")
+
+
+def yaml_tag(kind: str, marker: Path, mods: Path) -> str:
+    """A YAML value whose construction runs code: ``touch MARKER`` through os.system, or the import of a
+    module (written into ``mods``, on the subprocess's PYTHONPATH) whose top level creates the marker."""
+    if kind == "object/apply":
+        return f"!!python/object/apply:os.system ['touch {marker}']"
+    mod = evil_module(marker, mods)
+    return f"!!python/name:{mod}.x" if kind == "python/name" else f"!!python/module:{mod}"
+
+
+def evil_module(marker: Path, mods: Path) -> str:
+    """The name of a module in ``mods`` whose import creates ``marker``."""
+    mod = f"probe_evil_{marker.name.replace('-', '_')}"
+    (mods / f"{mod}.py").write_text(f"open({str(marker)!r}, 'w').close()\nx = 1\n")
+    return mod
+
+
+def _snapshot(folder: Path, skip: Path) -> dict:
+    """Every entry under ``folder`` outside ``skip``: path -> (kind, a file's bytes / a link's target)."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p == skip or skip in p.parents:
+            continue
+        if p.is_symlink():
+            out[p] = ("link", os.readlink(p))
+        elif p.is_file():
+            out[p] = ("file", p.read_bytes())
+        else:
+            out[p] = ("dir" if p.is_dir() else "special", None)
+    return out
+
+
+def _specials(folder: Path) -> list:
+    """Device files, FIFOs and sockets under ``folder``."""
+    return [p for p in folder.rglob("*") if not p.is_symlink() and not p.is_file() and not p.is_dir()]
+
+
+def _watch(folder: Path, skip: Path):
+    """A check: whether anything under ``folder`` outside ``skip`` was written, or a special file made anywhere
+    in ``folder``, since now."""
+    before = _snapshot(folder, skip)
+    return lambda: _snapshot(folder, skip) != before or bool(_specials(folder))
+
+
+def payload_trials(tmp: Path, runs: dict) -> list:
+    """Malicious files given to the CLI, each in a fresh copy, each trial one CLI call. ``runs``: a trained
+    run of each kind ("classify", "finetune", "vae", "srvit": a SoftMoR run for mixture), "study" (a finished
+    one-run study folder) with its "study_file", and "hf" (an export of the classify run). Executed: the marker file the payload would create
+    exists afterwards, or (archive members, links planted in a run) something outside the folder the command
+    was given was written."""
+    from PIL import Image
+
     trials = []
+    mods = tmp / "modules"
+    mods.mkdir()
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(mods), os.environ.get("PYTHONPATH")]))}  # the payloads' modules
+    img = tmp / "img.png"
+    Image.new("L", (8, 8), 3).save(img)
 
-    def one(what, make, args):
-        marker = tmp / f"executed-{len(trials)}"
-        target = make(marker)
-        r = cli(*[a if a != "TARGET" else target for a in args], timeout=300)
-        trials.append({"payload": what, "executed": marker.exists(), "exit": r.returncode,
-                       "message": (r.stderr.strip().splitlines() or [""])[-1][:160]})
+    def one(what, make, command):
+        """``make(marker, i)`` -> (target, a check of what the payload would write, or None);
+        ``command(target, out)`` -> the CLI's arguments (``out``: a fresh path for outputs)."""
+        i = len(trials)
+        marker = tmp / f"executed-{i}"
+        target, check = make(marker, i)
+        r = cli(*command(target, tmp / f"out-{i}"), timeout=300, env=env)
+        trials.append({"payload": what, "executed": marker.exists() or bool(check and check()),
+                       "exit": r.returncode, "message": (r.stderr.strip().splitlines() or [""])[-1][:160]})
 
-    def run_with(kind, name, writer):
-        def make(marker):
-            run = tmp / f"evil-run-{len(trials)}"
-            shutil.copytree(runs[kind], run)
-            writer(run / name, marker)
-            return run
-        return make
-
-    def torch_pickle(path, marker):
-        torch.save({"format": "recurvit-checkpoint-v1", "config": {}, "model": _Payload(marker)}, path)
-
-    def plain_pickle(path, marker):
-        with open(path, "wb") as f:
-            pickle.dump({"model": _Payload(marker)}, f)
-
-    slots = [("classify", "last.pt", ["train", "--resume", "TARGET"]),
-             ("finetune", "last.pt", ["finetune", "--resume", "TARGET"]),
-             ("vae", "last.pt", ["vae", "train", "--resume", "TARGET"]),
-             ("vae", "last.pt", ["vae", "eval", "TARGET"])]
-    slots += [("classify", "best.pt", cmd) for cmd in (
-        ["eval", "TARGET"], ["horizon", "TARGET", "--steps", "2"], ["analyze", "TARGET"], ["mixture", "TARGET"],
-        ["predict", "TARGET", str(tmp)], ["export", "TARGET", "--format", "hf", "--out", str(tmp / "x")],
-        ["finetune", "TARGET", "--data", "digits"], ["exit", "TARGET"])]
-    for writer, kind_name in ((torch_pickle, "torch.save"), (plain_pickle, "pickle.dump")):
-        for run_kind, name, cmd in slots:
-            one(f"{kind_name} in a {run_kind} run's {name}, {' '.join(c for c in cmd[:2] if c != 'TARGET')}",
-                run_with(run_kind, name, writer), cmd)
-
-    def yaml_file(path_fn):
-        def make(marker):
-            path = path_fn(len(trials))
-            path.write_text(f"model: !!python/object/apply:os.system ['touch {marker}']\n")
-            return path
-        return make
-
-    one("YAML tag in a train config", yaml_file(lambda i: tmp / f"evil-{i}.yaml"), ["train", "TARGET"])
-    one("YAML tag in a vae config", yaml_file(lambda i: tmp / f"evil-{i}.yaml"), ["vae", "train", "TARGET"])
-    one("YAML tag in a study file", yaml_file(lambda i: tmp / f"evil-{i}.yaml"), ["study", "TARGET"])
-
-    def evil_config(marker):
-        run = tmp / f"evil-cfg-{len(trials)}"
-        shutil.copytree(runs["classify"], run)
-        (run / "config.yaml").write_text(f"model: !!python/object/apply:os.system ['touch {marker}']\n")
+    def copy(kind, i):
+        run = tmp / f"evil-{kind}-{i}"
+        shutil.copytree(runs[kind], run, symlinks=True)
         return run
-    one("YAML tag in a run's config.yaml, train --resume", evil_config, ["train", "--resume", "TARGET"])
+
+    def study_run(study):  # the study's one run folder, made to look unfinished: the study takes it up again
+        run = next(d for d in (study / "runs").iterdir() if d.is_dir())
+        (run / "result.json").unlink(missing_ok=True)
+        return run
+
+    def study_cmd(t, o):
+        return ["study", runs["study_file"], "--out", t]
+
+    # -- code-running pickles in every checkpoint slot a command reads: (kind, file, how the command is
+    # given it: its run folder, the file itself or a study folder, command; T: the target, O: an output path)
+    def c(*a):
+        return lambda t, o: [str(t) if x == "T" else str(x).replace("O", str(o)) if isinstance(x, str)
+                             and x.startswith("O") else str(x) for x in a]
+
+    export_to = {"hf": "O", "safetensors": "O.safetensors", "torch-export": "O.pt2", "onnx": "O.onnx"}
+    slots = [("classify", "best.pt", "run", c("eval", "T")),
+             ("classify", "best.pt", "run", c("horizon", "T", "--steps", 2, "--out", "O")),
+             ("classify", "best.pt", "run", c("analyze", "T", "--num-images", 64, "--out", "O")),
+             ("srvit", "best.pt", "run", c("mixture", "T", "--out", "O")),
+             ("classify", "best.pt", "run", c("predict", "T", img)),
+             *[("classify", "best.pt", "run", c("export", "T", "--format", f, "--out", o))
+               for f, o in export_to.items()],
+             ("classify", "best.pt", "run", c("finetune", "T", "--data", "digits", "train.epochs=1", "--out", "O")),
+             ("classify", "best.pt", "run", c("exit", "T", "--out", "O")),
+             ("classify", "last.pt", "run", c("train", "--resume", "T", "train.epochs=3")),
+             ("classify", "best.pt", "file", c("eval", "T")),
+             ("classify", "best.pt", "file", c("horizon", "T", "--steps", 2, "--out", "O")),
+             ("classify", "best.pt", "file", c("predict", "T", img)),
+             ("classify", "best.pt", "file", c("export", "T", "--format", "hf", "--out", "O")),
+             ("classify", "best.pt", "file", c("finetune", "T", "--data", "digits", "train.epochs=1", "--out", "O")),
+             ("finetune", "last.pt", "run", c("finetune", "--resume", "T", "train.epochs=2")),
+             ("finetune", "best.pt", "run", c("eval", "T")),
+             ("finetune", "best.pt", "run", c("predict", "T", img)),
+             ("finetune", "best.pt", "run", c("export", "T", "--format", "hf", "--out", "O")),
+             ("vae", "last.pt", "run", c("vae", "train", "--resume", "T", "train.epochs=2")),
+             ("vae", "last.pt", "run", c("vae", "eval", "T", "--num-images", 64)),
+             ("vae", "last.pt", "run", c("vae", "intervene", "T", "--num-images", 64, "--out", "O")),
+             ("vae", "last.pt", "file", c("vae", "eval", "T", "--num-images", 64)),
+             ("study", "last.pt", "study", study_cmd)]
+    for writer, wname in PICKLES:
+        for kind, name, how, command in slots:
+            def make(marker, i, kind=kind, name=name, how=how, writer=writer):
+                run = copy(kind, i)
+                writer((study_run(run) if how == "study" else run) / name, marker)
+                return (run / name if how == "file" else run), None
+            shown = [str(a) for a in command("RUN" if how != "file" else name.upper().replace(".", "_"), "OUT")]
+            where = {"run": f"a {kind} run's {name}", "file": f"a {kind} checkpoint given as the file {name}",
+                     "study": "a study run's last.pt (the study resumes it)"}[how]
+            one(f"{wname} in {where}: recurvit {' '.join(a for a in shown if not a.startswith('/'))}", make, command)
+        for flags in (["--vgg-weights", "W", "--lpips-weights", "W"], ["--inception-weights", "W"]):
+            def make(marker, i, writer=writer):  # the weight files a LoopVAE evaluation reads for LPIPS / rFID
+                writer(tmp / f"weights-{i}.pth", marker)
+                return tmp / f"weights-{i}.pth", None
+            one(f"{wname} as the weights of vae eval {' / '.join(f for f in flags if f != 'W')}", make,
+                lambda t, o, flags=flags: ["vae", "eval", runs["vae"], "--num-images", 64,
+                                           *[str(t) if a == "W" else a for a in flags]])
+
+    # -- an exported folder (export --format hf), doctored: weights as pickles, names resolved by import
+    def hf_case(edit):
+        def make(marker, i):
+            folder = copy("hf", i)
+            edit(folder, marker)
+            return folder, None
+        return make
+
+    def bin_only(f, m):
+        (f / "model.safetensors").unlink()
+        torch_pickle(f / "pytorch_model.bin", m)
+
+    def named(key):
+        def edit(f, m):
+            cfg = json.loads((f / "config.json").read_text())
+            name = f"{evil_module(m, mods)}.x"
+            if key == "model":
+                cfg["recurvit"]["model"] = name
+            elif key == "architecture":
+                cfg["architecture"] = name
+            else:
+                cfg["model_args"][key] = name
+            (f / "config.json").write_text(json.dumps(cfg))
+        return edit
+
+    hf_cases = [("model.safetensors replaced by a torch.save pickle", lambda f, m: torch_pickle(f / "model.safetensors", m),
+                 ["eval"]),
+                ("model.safetensors replaced by a zip with data.pkl swapped",
+                 lambda f, m: zip_pickle(f / "model.safetensors", m), ["eval"]),
+                ("pytorch_model.bin (a torch.save pickle) instead of model.safetensors", bin_only, ["eval", "predict"]),
+                ("pytorch_model.bin (a torch.save pickle) beside model.safetensors",
+                 lambda f, m: torch_pickle(f / "pytorch_model.bin", m), ["eval", "predict"]),
+                ("config.json's recurvit.model a module.attr to import", named("model"), ["eval"]),
+                ("config.json's architecture a module.attr to import", named("architecture"), ["eval"]),
+                ("config.json's model_args.act_layer a module.attr to import", named("act_layer"), ["eval"]),
+                ("config.json's model_args.core a module.attr to import", named("core"), ["eval"])]
+    for label, edit, commands in hf_cases:
+        for command in commands:
+            one(f"exported folder, {label}: recurvit {command}", hf_case(edit),
+                lambda t, o, command=command: [command, t, *([img] if command == "predict" else [])])
+
+    # -- YAML tags that construct Python objects, in every YAML a command reads (and in overrides)
+    base = ROOT / "configs/digits/bvit.yaml"
+    head = f"base: {base}\noverrides: {{{', '.join(o.replace('=', ': ') for o in TINY)}, train.epochs: 1}}\n"
+
+    def text_file(text_of):  # a file of its own: text_of(tag, path) -> the file's text
+        def prepare(tag, i):
+            path = tmp / f"evil-{i}.yaml"
+            path.write_text(text_of(tag, path))
+            return path
+        return prepare
+
+    def study_over(kind):  # a study file whose base: config (or from: study) holds the tag
+        def text_of(tag, path):
+            other = path.with_suffix(f".{kind}.yaml")
+            if kind == "base":
+                other.write_text(f"model:\n  steps: {tag}\n")
+                return f"name: s\nbase: {other}\ngrid: {{train.seed: [0]}}\n"
+            other.write_text(f"name: {tag}\n{head}grid: {{train.seed: [0]}}\n")
+            return f"name: s\n{head}from: {{study: {other}}}\ngrid: {{train.seed: [1]}}\n"
+        return text_file(text_of)
+
+    def run_config(kind):  # the tag as train.epochs in a run's config.yaml
+        def prepare(tag, i):
+            run = copy(kind, i)
+            cfg = (study_run(run) if kind == "study" else run) / "config.yaml"
+            text, n = re.subn(r"(\ntrain:\n(?:  .*\n)*?  epochs: ).*", lambda m: m.group(1) + tag, cfg.read_text(),
+                              count=1)
+            assert n == 1, f"no train.epochs in {cfg}"
+            cfg.write_text(text)
+            return run
+        return prepare
+
+    def nothing(tag, i):
+        return None
+
+    def resumable(tag, i):
+        return copy("classify", i)
+
+    yaml_slots = [  # (where, prepare(tag, i) -> target, command(target, out, tag)); * : every tag kind
+        ("a train config*", text_file(lambda tag, p: f"model:\n  steps: {tag}\n"), lambda t, o, g: ["train", t, "--out", o]),
+        ("a vae config*", text_file(lambda tag, p: f"model:\n  name: {tag}\n"), lambda t, o, g: ["vae", "train", t, "--out", o]),
+        ("a study file*", text_file(lambda tag, p: f"name: {tag}\n{head}grid: {{train.seed: [0]}}\n"),
+         lambda t, o, g: ["study", t, "--out", o]),
+        ("a study's base: config", study_over("base"), lambda t, o, g: ["study", t, "--out", o]),
+        ("a study's from: study", study_over("from"), lambda t, o, g: ["study", t, "--out", o]),
+        ("a run's config.yaml: recurvit train --resume RUN*", run_config("classify"),
+         lambda t, o, g: ["train", "--resume", t]),
+        ("a fine-tune's config.yaml: recurvit finetune --resume RUN", run_config("finetune"),
+         lambda t, o, g: ["finetune", "--resume", t]),
+        ("a vae run's config.yaml: recurvit vae train --resume RUN", run_config("vae"),
+         lambda t, o, g: ["vae", "train", "--resume", t]),
+        ("a run's config.yaml: recurvit eval RUN", run_config("classify"), lambda t, o, g: ["eval", t]),
+        ("a run's config.yaml: recurvit predict RUN", run_config("classify"), lambda t, o, g: ["predict", t, img]),
+        ("a run's config.yaml: recurvit export RUN", run_config("classify"), lambda t, o, g: ["export", t, "--out", o]),
+        ("a run's config.yaml: recurvit horizon RUN", run_config("classify"),
+         lambda t, o, g: ["horizon", t, "--steps", 2, "--out", o]),
+        ("a run's config.yaml: recurvit finetune RUN", run_config("classify"),
+         lambda t, o, g: ["finetune", t, "--data", "digits", "train.epochs=1", "--out", o]),
+        ("a study run's config.yaml: recurvit study", run_config("study"), None),
+        ("an override: recurvit train train.epochs=TAG*", nothing, lambda t, o, g: ["train", f"train.epochs={g}", "--out", o]),
+        ("an override: recurvit train --resume RUN train.epochs=TAG", resumable,
+         lambda t, o, g: ["train", "--resume", t, f"train.epochs={g}"]),
+        ("an override: recurvit finetune RUN train.epochs=TAG", nothing,
+         lambda t, o, g: ["finetune", runs["classify"], "--data", "digits", f"train.epochs={g}", "--out", o]),
+        ("an override: recurvit vae train train.epochs=TAG", nothing,
+         lambda t, o, g: ["vae", "train", *VAE, f"train.epochs={g}", "--out", o]),
+        ("a core option: recurvit eval RUN steps=TAG*", nothing, lambda t, o, g: ["eval", runs["classify"], f"steps={g}"]),
+    ]
+    for where, prepare, command in yaml_slots:
+        command = command or (lambda t, o, g: study_cmd(t, o))
+        for kind in TAGS if where.endswith("*") else TAGS[:1]:
+            def make(marker, i, prepare=prepare, kind=kind):
+                tag = yaml_tag(kind, marker, mods)
+                return (prepare(tag, i), tag), None
+            one(f"YAML !!python/{kind.removeprefix('python/')} in {where.rstrip('*')}", make,
+                lambda t, o, command=command: command(t[0], o, t[1]))
+
+    def recipe_with_tag(marker, i):
+        run = copy("finetune", i)
+        recipe = json.loads((run / "finetune.json").read_text())
+        recipe["method"] = yaml_tag("object/apply", marker, mods)
+        (run / "finetune.json").write_text(json.dumps(recipe))
+        return run, None
+    one("a YAML tag as the method in a fine-tune's finetune.json: recurvit finetune --resume RUN", recipe_with_tag,
+        lambda t, o: ["finetune", "--resume", t, "train.epochs=2"])
+
+    archive_payloads(tmp, runs, one)
+    planted_links(tmp, runs, one)
     return trials
+
+
+def _add(tar, name: str, data: bytes = b"x\n", kind=None, link: str = "") -> None:
+    import io
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    if kind is None:
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        return
+    info.type, info.linkname, info.devmajor, info.devminor = kind, link, 1, 3
+    tar.addfile(info)
+
+
+def archive_payloads(tmp: Path, runs: dict, one) -> None:
+    """CIFAR's official .tar.gz with members that would write outside ``data.root`` (read by data/archives.py
+    when only the archive is there), and CIFAR's batch pickles replaced by code-running ones."""
+    import tarfile
+
+    B = "cifar-10-batches-py"
+    train = lambda name: lambda t, o: ["train", f"data.name={name}", f"data.root={t}", *TINY, "train.epochs=1",  # noqa
+                                       "--out", o]
+
+    def tar_case(members, archive="cifar-10-python.tar.gz"):
+        """``members(tar, folder)``: the bad members, after a good one; ``folder``: the data root's parent,
+        which holds outside/victim.txt. Executed: anything under ``folder`` outside the root was written, or a
+        device file or FIFO was made."""
+        def make(marker, i):
+            folder = tmp / f"tar-{i}"
+            root = folder / "root"
+            root.mkdir(parents=True)
+            (folder / "outside").mkdir()
+            (folder / "outside" / "victim.txt").write_text("precious\n")
+            with tarfile.open(root / archive, "w:gz") as tar:
+                _add(tar, f"{'cifar-100-python' if '100' in archive else B}/readme.html", b"a good member first\n")
+                members(tar, folder)
+            return root, _watch(folder, root)
+        return make
+
+    cases = [
+        ("a member ../escaped.txt", lambda t, f: _add(t, "../escaped.txt")),
+        (f"a member {B}/../../escaped.txt", lambda t, f: _add(t, f"{B}/../../escaped.txt")),
+        ("a member with an absolute path", lambda t, f: _add(t, str(f / "outside" / "absolute.txt"))),
+        ("a symlink to an absolute folder outside, then a file through it",
+         lambda t, f: (_add(t, f"{B}/out", kind=tarfile.SYMTYPE, link=str(f / "outside")),
+                       _add(t, f"{B}/out/through.txt"))),
+        ("a symlink ../../outside, then a file through it",
+         lambda t, f: (_add(t, f"{B}/out", kind=tarfile.SYMTYPE, link="../../outside"), _add(t, f"{B}/out/through.txt"))),
+        ("a symlink .. then a member up/../escaped.txt",
+         lambda t, f: (_add(t, f"{B}/up", kind=tarfile.SYMTYPE, link=".."), _add(t, f"{B}/up/../escaped.txt"))),
+        ("a hard link to ../outside/victim.txt, then a file of that name",
+         lambda t, f: (_add(t, f"{B}/h", kind=tarfile.LNKTYPE, link="../outside/victim.txt"), _add(t, f"{B}/h", b"pwned\n"))),
+        ("a hard link to the victim's absolute path, then a file of that name",
+         lambda t, f: (_add(t, f"{B}/h", kind=tarfile.LNKTYPE, link=str(f / "outside" / "victim.txt")),
+                       _add(t, f"{B}/h", b"pwned\n"))),
+        ("a character device member (/dev/null's numbers)", lambda t, f: _add(t, f"{B}/null", kind=tarfile.CHRTYPE)),
+        ("a block device member", lambda t, f: _add(t, f"{B}/disk", kind=tarfile.BLKTYPE)),
+        ("a FIFO member", lambda t, f: _add(t, f"{B}/pipe", kind=tarfile.FIFOTYPE)),
+    ]
+    for label, members in cases:
+        one(f"cifar-10-python.tar.gz with {label}: recurvit train data.name=cifar10 data.root=DIR", tar_case(members),
+            train("cifar10"))
+    one("cifar-100-python.tar.gz with a member ../escaped.txt: recurvit train data.name=cifar100 data.root=DIR",
+        tar_case(lambda t, f: _add(t, "../escaped.txt"), "cifar-100-python.tar.gz"), train("cifar100"))
+    one("cifar-10-python.tar.gz with a member ../escaped.txt: recurvit finetune RUN --data cifar10 data.root=DIR",
+        tar_case(lambda t, f: _add(t, "../escaped.txt")),
+        lambda t, o: ["finetune", runs["classify"], "--data", "cifar10", f"data.root={t}", "train.epochs=1", "--out", o])
+
+    # CIFAR's batches are pickles that torchvision unpickles in full; what stands between them and the
+    # user is its md5 check of every file. The other files hold junk here (no real CIFAR is at hand).
+    files = {"cifar10": (B, ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5",
+                             "test_batch", "batches.meta"]),
+             "cifar100": ("cifar-100-python", ["train", "test", "meta"])}
+
+    def cifar_folder(name, slots):
+        def make(marker, i):
+            root = tmp / f"cifar-{i}"
+            folder, names = files[name]
+            (root / folder).mkdir(parents=True)
+            for n in names:
+                if n in slots or slots == "all":
+                    plain_pickle(root / folder / n, marker)
+                else:
+                    (root / folder / n).write_bytes(b"junk\n")
+            return root, None
+        return make
+
+    for name, slot in [("cifar10", "data_batch_1"), ("cifar10", "test_batch"), ("cifar10", "batches.meta"),
+                       ("cifar100", "train"), ("cifar100", "test"), ("cifar100", "meta")]:
+        one(f"{files[name][0]}/{slot} a code-running pickle: recurvit train data.name={name} data.root=DIR",
+            cifar_folder(name, [slot]), train(name))
+    one(f"every file of {B}/ a code-running pickle: recurvit train data.name=cifar10 data.root=DIR",
+        cifar_folder("cifar10", "all"), train("cifar10"))
+
+    def archive_of_pickles(marker, i):
+        root = tmp / f"cifar-{i}"
+        root.mkdir()
+        stage = tmp / f"cifar-stage-{i}"
+        cifar_folder("cifar10", "all")(marker, f"stage-{i}")
+        with tarfile.open(root / "cifar-10-python.tar.gz", "w:gz") as tar:
+            tar.add(tmp / f"cifar-stage-{i}" / B, arcname=B)
+        shutil.rmtree(stage)
+        return root, None
+    one(f"cifar-10-python.tar.gz of code-running pickles: recurvit train data.name=cifar10 data.root=DIR",
+        archive_of_pickles, train("cifar10"))
+
+    def exported_reading(marker, i):
+        folder = tmp / f"evil-hf-{i}"
+        shutil.copytree(runs["hf"], folder)
+        root, _ = cifar_folder("cifar10", "all")(marker, i)
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["recurvit"]["data"] = {**cfg["recurvit"]["data"], "name": "cifar10", "root": str(root)}
+        (folder / "config.json").write_text(json.dumps(cfg))
+        return folder, None
+    one(f"an exported folder whose config.json reads CIFAR from a folder of code-running pickles: recurvit eval",
+        exported_reading, lambda t, o: ["eval", t])
+
+
+def planted_links(tmp: Path, runs: dict, one) -> None:
+    """A run folder from someone else with a symlink where recurvit writes, pointing at a file outside
+    (victim.txt beside the run): executed = anything outside the run folder was written."""
+    def with_link(kind, name, victim_text=None, study=False, extra=None, dangling=False):
+        def make(marker, i):
+            folder = tmp / f"links-{i}"
+            folder.mkdir()
+            run = folder / "run"
+            shutil.copytree(runs[kind], run, symlinks=True)
+            inner = study_run(run) if study else run
+            link = inner / name
+            victim = folder / "victim.txt"
+            if victim_text is None and link.is_file():  # the victim holds what the run's own file held
+                victim.write_bytes(link.read_bytes())
+            else:
+                victim.write_text(victim_text or "precious\n")
+            if link.is_dir() and not link.is_symlink():
+                shutil.rmtree(link)
+            link.unlink(missing_ok=True)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(victim)
+            if dangling:  # a link to a file not there yet: opening it to create it would create it outside
+                victim.unlink()
+            if extra:
+                extra(inner, marker)
+            return run, _watch(folder, run)
+        return make
+
+    def study_run(study):
+        run = next(d for d in (study / "runs").iterdir() if d.is_dir())
+        (run / "result.json").unlink(missing_ok=True)
+        return run
+
+    study = lambda t, o: ["study", runs["study_file"], "--out", t]  # noqa: E731
+    cases = [
+        ("classify", ".lock", "train --resume RUN train.epochs=3", lambda t, o: ["train", "--resume", t, "train.epochs=3"],
+         {}),
+        ("finetune", ".lock", "finetune --resume RUN train.epochs=2",
+         lambda t, o: ["finetune", "--resume", t, "train.epochs=2"], {}),
+        ("vae", ".lock", "vae train --resume RUN train.epochs=2",
+         lambda t, o: ["vae", "train", "--resume", t, "train.epochs=2"], {}),
+        ("study", ".lock", "study (the run resumed)", study, {"study": True}),
+        ("study", ".study.lock", "study (a link to no file yet)", study, {"dangling": True}),
+        ("study", "error.txt", "study (the run fails: its last.pt is a pickle)", study,
+         {"study": True, "extra": lambda run, m: torch_pickle(run / "last.pt", m)}),
+        ("classify", "metrics.jsonl", "train --resume RUN train.epochs=3",
+         lambda t, o: ["train", "--resume", t, "train.epochs=3"], {}),
+        ("classify", "config.yaml", "train --resume RUN train.epochs=3",
+         lambda t, o: ["train", "--resume", t, "train.epochs=3"], {}),
+        ("classify", "last.pt", "train --resume RUN train.epochs=3",
+         lambda t, o: ["train", "--resume", t, "train.epochs=3"], {}),
+        ("classify", "horizon.csv", "horizon RUN --steps 2", lambda t, o: ["horizon", t, "--steps", 2],
+         {"victim_text": "step,accuracy,loss,rel_change\nprecious\n"}),
+        ("classify", "exit.json", "exit RUN", lambda t, o: ["exit", t], {"victim_text": "precious\n"}),
+        ("classify", "analysis/summary.json", "analyze RUN --what readout",
+         lambda t, o: ["analyze", t, "--what", "readout", "--num-images", 64], {"victim_text": "precious\n"}),
+        ("classify", "analysis/steps.csv", "analyze RUN --what readout",
+         lambda t, o: ["analyze", t, "--what", "readout", "--num-images", 64],
+         {"victim_text": "step,accuracy\nprecious\n"}),
+        ("srvit", "mixture_mean.csv", "mixture RUN", lambda t, o: ["mixture", t], {"victim_text": "unit,step_1\nprecious\n"}),
+        ("vae", "recon_grid.png", "vae eval RUN", lambda t, o: ["vae", "eval", t, "--num-images", 64],
+         {"victim_text": "precious\n"}),
+        ("vae", "intervene.csv", "vae intervene RUN",
+         lambda t, o: ["vae", "intervene", t, "--num-images", 64, "--truncate", 1, "--extra", 1, "--factors", 0.5],
+         {"victim_text": "kind,side\nprecious\n"}),
+    ]
+    for kind, name, shown, command, opts in cases:
+        owner = "a study run" if opts.get("study") else f"a {kind} run" if kind != "study" else "a study folder"
+        one(f"{owner}'s {name} a symlink to a file outside: recurvit {shown}",
+            with_link(kind, name, **opts), command)
+
+    def fresh_with_lock(marker, i):
+        folder = tmp / f"links-{i}"
+        (folder / "run").mkdir(parents=True)
+        (folder / "victim.txt").write_text("precious\n")
+        (folder / "run" / ".lock").symlink_to(folder / "victim.txt")
+        return folder / "run", _watch(folder, folder / "run")
+    one("an empty --out folder whose .lock is a symlink to a file outside: recurvit train --out DIR", fresh_with_lock,
+        lambda t, o: ["train", *TINY, "train.epochs=1", "--out", t])
 
 
 # -------------------------------------------------------------------------------- bad inputs
@@ -283,6 +735,11 @@ def issue39_cases(tmp: Path, trained: Path) -> list:
     (tmp / "ro-run").mkdir()
     exported = tmp / "exported-bad"
     cli("export", trained, "--format", "hf", "--out", exported)
+    crafted = {"huge-header": struct.pack("<Q", 1 << 62) + b"{}",  # a header length of 4 EiB
+               "past-end": _header_past_end()}  # a tensor whose offsets lie past the end of the file
+    for name, data in crafted.items():
+        shutil.copytree(exported, tmp / f"exported-{name}")
+        (tmp / f"exported-{name}" / "model.safetensors").write_bytes(data)
     (exported / "config.json").write_text("{not json")
     t = [*TINY, "train.epochs=1", "--out", tmp / "never"]
     return [
@@ -298,11 +755,18 @@ def issue39_cases(tmp: Path, trained: Path) -> list:
         ["train", "model.num_classes=5", *t], ["train", "model.in_chans=3", *t], ["train", "model.img_size=16", "data.img_size=8", *t],
         ["train", "data.holdout=0.9999", *t], ["train", "train.seed=99999999999999999999", *t],
         ["eval", trained, "steps=!!python/object/apply:os.system"], ["match", "loopvae_conv", "--by", "params"],
-        ["eval", exported], ["eval", tmp / "text.pt"], ["train", "data.name=synthetic", "data.synthetic_classes=1", *t],
+        ["eval", exported], *[["eval", tmp / f"exported-{name}"] for name in crafted],
+        ["train", "train.epochs=!!python/object/apply:os.system ['true']", *t], ["eval", tmp / "text.pt"], ["train", "data.name=synthetic", "data.synthetic_classes=1", *t],
         ["train", "train.depth.sigma=-1", *t], ["train", "train.depth.truncate=-1", *t], ["train", "train.log_every=-1", *t],
         ["train", "model.stage_heads=-2", *t], ["train", "train.supervision.stages=100", *t],
         ["finetune", trained, "--data", "digits", "--alpha", "-1"], ["finetune", trained, "--data", "digits", "--alpha", "0"],
     ]
+
+
+def _header_past_end() -> bytes:
+    """A safetensors file whose one tensor (4 MB by its header) has 8 bytes of data."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1000000], "data_offsets": [0, 4000000]}}).encode()
+    return struct.pack("<Q", len(header)) + header + bytes(8)
 
 
 def export_kill_trials(tmp: Path, trained: Path, n: int, rng: random.Random) -> list:
@@ -337,12 +801,13 @@ def report(kills, payloads, bad, out: Path) -> None:
     lines = ["# Fault-and-bad-input probe", "", "Generated by `python scripts/probe.py`; do not edit by hand.", "",
              f"- kill -9 at a random moment, then the documented way on: **{survived} of {len(kills)}** resumed to "
              "per-epoch metrics identical to an uninterrupted run",
-             f"- malicious payloads (code-running pickles in checkpoints, object-constructing YAML tags): "
-             f"**{executed} of {len(payloads)}** executed",
+             "- malicious payloads (code-running pickles in every checkpoint and weights slot, object-constructing "
+             "YAML tags in every YAML and override, tar escapes and pickles in CIFAR's files, links planted in a run "
+             f"folder): **{executed} of {len(payloads)}** executed or wrote outside the folder they came in",
              f"- bad inputs: **{clear} of {len(bad)}** gave one clear line on stderr and exit status 2", "",
              "## Kills", "", "| kind | killed after epoch | survived | note |", "|---|---|---|---|"]
     lines += [f"| {t['kind']} | {t['killed_after_epochs']} | {t['survived']} | {t['note']} |" for t in kills]
-    lines += ["", "## Payloads", "", "| payload | executed | exit | message |", "|---|---|---|---|"]
+    lines += ["", "## Payloads", "", "| payload | executed or wrote outside | exit | message |", "|---|---|---|---|"]
     lines += [f"| {t['payload']} | {t['executed']} | {t['exit']} | {t['message'].replace('|', '/')} |" for t in payloads]
     lines += ["", "## Bad inputs", "", "| command | exit | stderr lines | message |", "|---|---|---|---|"]
     lines += [f"| `recurvit {t['args']}` | {t['exit']} | {t['stderr_lines']} | {t['message'].replace('|', '/')} |"
@@ -374,6 +839,19 @@ def main() -> int:
                       runs["finetune"]), cli("vae", "train", *VAE, "train.epochs=1", "--out", runs["vae"])):
             if r.returncode != 0:
                 raise SystemExit(r.stderr)
+        if "payloads" in parts:  # a finished one-run study and an export, for the payloads to go into
+            runs["study_file"] = tmp / "study-payload.yaml"
+            runs["study_file"].write_text(
+                f"name: probe\nbase: {ROOT / 'configs/digits/bvit.yaml'}\n"
+                f"overrides: {{{', '.join(o.replace('=', ': ') for o in TINY)}, train.epochs: 1}}\n"
+                "grid:\n  train.seed: [0]\neval:\n  max_steps_factor: 1\n")
+            runs["study"], runs["hf"], runs["srvit"] = tmp / "trained-study", tmp / "trained-hf", tmp / "trained-srvit"
+            for r in (cli("study", runs["study_file"], "--out", runs["study"]),
+                      cli("export", trained, "--format", "hf", "--out", runs["hf"]),
+                      cli("train", "model.name=srvit_tiny", *TINY, "model.depth=2", "train.epochs=1", "data.holdout=0.1",
+                          "--out", runs["srvit"])):
+                if r.returncode != 0:
+                    raise SystemExit(r.stderr)
         for part in ("bad", "payload", "kills"):
             (tmp / part).mkdir()
         bad = bad_input_trials(tmp / "bad", trained) if "bad" in parts else []
