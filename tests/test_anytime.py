@@ -8,13 +8,15 @@ import pytest
 import torch
 
 import recurvit.data
-from recurvit.analysis import anytime
+from recurvit.analysis import anytime, exit as exit_analysis
+from recurvit.run import loaders
 from recurvit.cli import main
 from recurvit.data.calibration import calibration_split
 from recurvit.models import create_model
 from recurvit.models.adaptive import CRITERIA, exit_steps, forward_adaptive, plan_steps, step_signals
 
 TINY = dict(img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=48, num_heads=3)
+BUILDERS = (loaders, exit_analysis)  # the modules that build data sets for an exit: the test split, the calibration one
 MODELS = {  # (preset, options, max_steps): conditioning and re-injection so the step index and x0 matter
     "recurrent": ("bvit_tiny", dict(steps=3, step_cond="embed", reinject=True), 5),
     "ode_euler": ("bvit_tiny", dict(steps=3, core="ode", method="euler", step_cond="scale", reinject=True), 5),
@@ -222,7 +224,8 @@ def test_exit_calibration_never_reads_the_test_split(tiny_runs, tmp_path, monkey
         seen["reads_at_calibration"] = seen["test"].reads
         return out
 
-    monkeypatch.setattr(recurvit.data, "build_datasets", build)
+    for reader in BUILDERS:  # every module that builds the data sets on the exit command's way
+        monkeypatch.setattr(reader, "build_datasets", build)
     monkeypatch.setattr(anytime, "calibrate", calibrate)
     assert main(["exit", str(tiny_runs / "ds3__seed=1"), "--criterion", "entropy", "--out", str(tmp_path)]) == 0
     assert seen["reads_at_calibration"] == 0 and seen["test"].reads > 0
@@ -298,7 +301,8 @@ def test_a_certified_exit_is_chosen_on_the_calibration_split_alone(tiny_runs, mo
         seen["reads_at_certify"] = seen["test"].reads
         return real_certify(*a, **kw)
 
-    monkeypatch.setattr(recurvit.data, "build_datasets", build)
+    for reader in BUILDERS:
+        monkeypatch.setattr(reader, "build_datasets", build)
     monkeypatch.setattr(exit_mod, "certify_exit", certify)
     loaded = recurvit.load(tiny_runs / "ds3__seed=0" / "last.pt")
     model, cfg = loaded.model, loaded.config

@@ -93,8 +93,10 @@ def test_train_with_compile_and_checkpointing_runs_and_matches_eager(tmp_path, m
     """train.compile / train.activation_checkpointing plumbing (dynamo with its eager backend
     here, so no C++ compiler is needed; inductor is exercised above)."""
     cnt = CompileCounter()
-    monkeypatch.setattr(cores, "compile_blocks", lambda model: compile_blocks(model, backend=cnt))
-    monkeypatch.setattr(cores, "compile_available", lambda *a, **k: None)
+    from recurvit.tasks.classify import task as classify_task  # where training compiles the blocks
+
+    monkeypatch.setattr(classify_task, "compile_blocks", lambda model: compile_blocks(model, backend=cnt))
+    monkeypatch.setattr(classify_task, "compile_available", lambda *a, **k: None)
     common = ["model.name=bvit_tiny", "model.embed_dim=24", "model.num_heads=2", "model.steps=3",
               "data.name=synthetic", "data.synthetic_train=64", "data.synthetic_test=32", "data.synthetic_size=8",
               "model.patch_size=4", "train.batch_size=32", "train.epochs=1", "train.progress=false", "train.device=cpu"]

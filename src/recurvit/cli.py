@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from . import __version__
 from .errors import UserError
 
 COMMANDS = ["train", "eval", "horizon", "flops", "match", "study", "mixture", "vae", "analyze", "finetune", "exit", "predict", "export", "configs"]
@@ -95,8 +96,6 @@ def _quiet_broken_pipe() -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     parser = _Parser(prog="recurvit", description="Recurrent-depth vision transformers: train, evaluate, study.")
     parser.add_argument("--version", action="version", version=f"recurvit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

@@ -13,6 +13,7 @@ import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .config_names import find_config
 from .errors import UserError
 from .model_fields import ViTFields, options_field, preset_schema
 
@@ -185,8 +186,6 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
                 schema: type = RunConfig) -> Any:
     """Defaults of ``schema`` <- YAML file <- dotted `key=value` overrides; returns a typed ``schema``.
     ``path`` is a file or a packaged config's name (``digits/bvit``; recurvit.config_names)."""
-    from .config_names import find_config
-
     cfg = OmegaConf.structured(schema)
     if path is not None:
         p = find_config(path)

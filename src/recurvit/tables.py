@@ -7,6 +7,8 @@ import io
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Sequence
 
+from .run.outputs import write_text
+
 
 def fmt(v: Any) -> Any:
     return f"{v:.6g}" if isinstance(v, float) else v
@@ -15,8 +17,6 @@ def fmt(v: Any) -> Any:
 def write_csv(rows: Iterable[Dict[str, Any]], path: str | Path, columns: Sequence[str]) -> Path:
     """``rows`` (dicts) as a CSV with ``columns``, in that order; keys outside them are left out. Written
     atomically, and only over a file whose header starts as this one (one this writer wrote)."""
-    from .run.outputs import write_text
-
     path, f = Path(path), io.StringIO(newline="")
     w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
     w.writeheader()

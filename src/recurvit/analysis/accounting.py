@@ -30,7 +30,9 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..models.registry import create_model
 from ..models.vit import ViTConfig
+from .memory import peak_train_memory
 from .passes import InputShape, backward_into_params, in_mode, model_device_dtype, probe_loss, run_forward
 
 
@@ -252,8 +254,6 @@ def account(model_name_or_model: Union[str, nn.Module], batch: int = 8, device: 
     :func:`peak_train_memory` was used.
     """
     if isinstance(model_name_or_model, str):
-        from ..models.registry import create_model
-
         model = create_model(model_name_or_model, **overrides).to(device)
         name = model_name_or_model
     else:
@@ -273,9 +273,6 @@ def account(model_name_or_model: Union[str, nn.Module], batch: int = 8, device: 
     analytic: Optional[int] = None
     if cfg is not None and hasattr(cfg, "core_cls") and cfg.core_cls.block_applications(cfg, steps) is not None:
         analytic = analytic_flops(cfg, steps)
-    if memory:
-        from .memory import peak_train_memory
-
     peak = peak_train_memory(model, batch, input_shape, device, steps=run_steps) if memory else None
     return {
         "model": name,

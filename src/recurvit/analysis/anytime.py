@@ -23,7 +23,10 @@ import torch
 import torch.nn as nn
 
 from ..models.adaptive import CRITERIA, exit_steps, forward_adaptive, plan_steps, step_signals
+from ..plot_style import percent
 from ..run.device import autocast
+from ..run.outputs import save_figure
+from ..tables import write_csv as write_table
 from .timing import sync
 
 SWEEP_LEVELS = 12  # thresholds in a sweep: quantiles of the calibration signals
@@ -166,8 +169,6 @@ CSV_KEYS = ["threshold", "accuracy", "mean_steps", "median_steps", "p90_steps", 
 
 
 def write_csv(rows: List[dict], path: Path) -> None:
-    from ..tables import write_csv as write_table
-
     write_table([{k: None if r.get(k) is None else float(r[k]) for k in CSV_KEYS} for r in rows], path, CSV_KEYS)
 
 
@@ -189,7 +190,6 @@ def draw(ax, fixed: Sequence[float], curves: Dict[str, dict], T: int, title: str
     ax.axvline(T, color="grey", ls="--", lw=0.8, label=f"trained steps T = {T}")
     ax.set_xlabel("mean steps per image")
     ax.set_ylabel("test accuracy (%)")
-    from ..plot_style import percent
 
     percent(ax)
     ax.grid(alpha=0.3)
@@ -208,7 +208,6 @@ def plot(panels: List[dict], path: Path) -> None:
     for i, p in enumerate(panels):
         draw(fig.add_subplot(rows, cols, i + 1), p["fixed"], p["curves"], p["T"], p.get("title", ""))
     fig.tight_layout()
-    from ..run.outputs import save_figure
 
     save_figure(fig, path)
 

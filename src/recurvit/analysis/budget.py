@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import UserError
+from .memory import saved_tensor_bytes
 
 GiB = 1024 ** 3
 MAX_EVAL_SECONDS = 24 * 3600  # an evaluation estimated to take longer than this is refused without --force
@@ -64,8 +65,6 @@ def check_param_memory(build_meta: Callable[[], nn.Module], device: torch.device
 def activation_bytes(model: nn.Module, input_shape: Tuple[int, int, int], steps: int, batch: int) -> int:
     """Bytes autograd keeps for one training step of ``batch`` images at ``steps`` steps,
     extrapolated from one image at one and two steps (linear in both)."""
-    from .memory import saved_tensor_bytes
-
     one = saved_tensor_bytes(model, 1, input_shape, steps=1)
     limit = model.core.limit
     if steps <= 1 or (limit is not None and limit < 2):

@@ -21,7 +21,11 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from ..data import build_datasets
+from ..data.calibration import CALIBRATION_FRACTION, calibration_split, holdout_split
+from ..models.adaptive import has_step_readouts, plan_steps
 from . import anytime as A
+from .budget import check_eval_cost
 from .certify import certify as certify_exit
 from .timing import interleaved_batches
 
@@ -48,11 +52,6 @@ def calibrated_exits(model: nn.Module, cfg, device: torch.device, criteria: Sequ
     test splits are each run through every step once, for all of them (a trajectory holds every
     criterion's signals); each criterion then chooses, sweeps and is timed on its own."""
     from torch.utils.data import DataLoader
-
-    from ..data import build_datasets
-    from ..data.calibration import CALIBRATION_FRACTION, calibration_split, holdout_split
-    from ..models.adaptive import has_step_readouts, plan_steps
-    from .budget import check_eval_cost
 
     T = model.nominal_steps
     # a stack's readouts after every block are trained by per-block heads or by deep supervision at every block

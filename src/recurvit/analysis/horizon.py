@@ -11,6 +11,10 @@ from typing import Dict, Iterable, List, Optional
 import torch
 import torch.nn as nn
 
+from ..plot_style import percent, wrap
+from ..run.outputs import save_figure
+from ..run.progress import bar_options
+from ..tables import write_csv as write_table
 from ..train.losses import soft_cross_entropy
 
 
@@ -20,8 +24,6 @@ def horizon_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_
     """Per-step test accuracy, loss and mean relative state change ||z_k - z_{k-1}|| / ||z_{k-1}||
     (``progress``: a bar over the batches, shown only on a terminal)."""
     from tqdm.auto import tqdm
-
-    from ..run.progress import bar_options
 
     model.eval()
     K = max_steps
@@ -67,8 +69,6 @@ def summarize(sweep: Dict[str, List[float]], trained: int) -> Dict[str, Optional
 
 
 def write_csv(sweep: Dict[str, List[float]], path: Path) -> None:
-    from ..tables import write_csv as write_table
-
     keys = ["step", "accuracy", "loss", "rel_change"]
     write_table([dict(zip(keys, row)) for row in zip(*(sweep[k] for k in keys))], path, keys)
 
@@ -88,7 +88,6 @@ def plot(curves: Dict[str, Dict[str, List[float]]], trained: int, path: Path, ti
     ax.set_xlabel("test-time steps")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 1.0)
-    from ..plot_style import percent, wrap
 
     percent(ax)
     ax.grid(alpha=0.3)
@@ -96,6 +95,5 @@ def plot(curves: Dict[str, Dict[str, List[float]]], trained: int, path: Path, ti
     if title:
         ax.set_title(wrap(title, 5.4, 9), fontsize=9)  # a long run name wraps instead of running off the edge
     fig.tight_layout()
-    from ..run.outputs import save_figure
 
     save_figure(fig, path)

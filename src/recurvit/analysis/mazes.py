@@ -28,6 +28,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..data.mazes import maze_test_sets
+from ..plot_style import percent
+from ..run.load import load
+
 FACTORS = (1, 2, 4, 8, 10, 16)  # solved at k x T for these k (when the sweep reaches them)
 
 
@@ -119,9 +123,6 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
     import json
     from dataclasses import replace
 
-    from ..data.mazes import maze_test_sets
-    from ..run.load import load
-
     loaded = load(run)
     model, cfg = loaded.model, loaded.config
     data = replace(cfg.data, maze_test_sizes=list(sizes or cfg.data.maze_test_sizes),
@@ -164,8 +165,6 @@ def plot_solved(sweeps: Mapping[int, Dict[str, object]], trained: int, path: Pat
     """Solved against test-time iterations (log axis), one line a maze size, the training depth marked.
     With ``ax`` (a matplotlib Axes) draws there and writes nothing (side-by-side figures)."""
     from matplotlib.figure import Figure
-
-    from ..plot_style import percent
 
     fig = None
     if ax is None:

@@ -13,6 +13,9 @@ from typing import Dict, Iterable
 import torch
 import torch.nn as nn
 
+from ..plot_style import wrap
+from ..run.outputs import save_figure, write_text
+
 
 @torch.no_grad()
 def mixture_weights(model: nn.Module, loader: Iterable, device: torch.device, images: int = 4) -> Dict[str, torch.Tensor]:
@@ -43,8 +46,6 @@ def mixture_weights(model: nn.Module, loader: Iterable, device: torch.device, im
 def write_mean_csv(mean: torch.Tensor, path: Path) -> None:
     """Written atomically, and only over a CSV that starts as this one does (never through a link)."""
     import io
-
-    from ..run.outputs import write_text
 
     f = io.StringIO(newline="")
     w = csv.writer(f)
@@ -90,12 +91,10 @@ def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tenso
     big.set_title("mean mixture weight over the test set", fontsize=8)
     for ax in axes[B, 1:]:
         ax.set_visible(False)
-    from ..plot_style import wrap
 
     label = f"mixture weight (white: uniform 1/{r} = {uniform:.2f}; red above, blue below)"
     fig.colorbar(im, ax=axes[:B, 1:].ravel().tolist(), shrink=0.6, label=wrap(label, 0.6 * 1.6 * B, 10))
     if title:
         fig.suptitle(wrap(title, 1.6 * (r + 1) - 0.3, 9), fontsize=9)
-    from ..run.outputs import save_figure
 
     save_figure(fig, path)

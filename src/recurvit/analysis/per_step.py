@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..run.progress import show_progress
 from .cka import CKAAccumulator
 from .probe import Intervention, StepProbe, calls_per_step
 
@@ -152,8 +153,6 @@ def _per_half(ok: torch.Tensor, i0: int) -> torch.Tensor:
 
 
 def _progress(items, on: bool, desc: str):
-    from ..run.progress import show_progress
-
     if not show_progress(on):  # a bar only on a terminal (and never with --json)
         return items
     from tqdm.auto import tqdm

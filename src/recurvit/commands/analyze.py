@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import UserError
 from . import DeprecatedOption, add_device_arg, add_force_arg, open_trained, print_json
 
 
@@ -38,10 +39,9 @@ def add_parser(sub):
 def run(args) -> int:
     import torch
 
+    from ..analysis.budget import check_eval_cost
     from ..analysis.per_step import ANALYSES, analyze_model, continuation
     from ..analysis.per_step_report import summarize, write_outputs
-    from ..errors import UserError
-    from ..analysis.budget import check_eval_cost
     from ..run.outputs import write_text
 
     what = [w.strip() for w in args.what.split(",") if w.strip()]

@@ -1,6 +1,7 @@
 """recurvit configs [--json]: the packaged configs, by name (``recurvit train NAME`` trains one)."""
 from __future__ import annotations
 
+from ..config_names import config_names, describe, packaged_root
 from . import print_json
 
 
@@ -13,8 +14,6 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ..config_names import config_names, describe, packaged_root
-
     rows = [{"name": n, **dict(zip(("command", "summary"), describe(n)))} for n in config_names()]
     if args.json:
         print_json({"root": str(packaged_root()), "configs": rows})

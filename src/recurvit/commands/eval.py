@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import UserError
 from . import add_device_arg, add_force_arg, check_cost, open_trained, parse_overrides, print_json
 
 
@@ -23,7 +24,6 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ..errors import UserError
     from ..tasks.classify.task import evaluate
 
     if args.steps is not None and args.steps < 1:

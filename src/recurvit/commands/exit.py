@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import UserError
 from . import DeprecatedOption, add_device_arg, add_force_arg, open_trained, print_json
 
 
@@ -49,8 +50,6 @@ def add_parser(sub):
 
 
 def _check(args) -> None:
-    from ..errors import UserError
-
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
     if args.min_steps < 1:
@@ -68,7 +67,6 @@ def run(args) -> int:
 
     from ..analysis import anytime as A
     from ..analysis.exit import calibrated_exit
-    from ..errors import UserError
 
     _check(args)
     model, cfg, device, _, _ = open_trained(args)

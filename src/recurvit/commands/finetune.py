@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import UserError
 from . import print_json
 
 
@@ -53,7 +54,6 @@ def _intermixed(base):
 
 
 def run(args) -> int:
-    from ..errors import UserError
     from ..tasks.classify.finetune import finetune, finetune_resume
 
     log = (lambda *a, **k: None) if args.json else print

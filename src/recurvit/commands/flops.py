@@ -1,6 +1,7 @@
 """recurvit flops MODEL [key=value ...] [--batch-size B] [--steps K] [--json]"""
 from __future__ import annotations
 
+from ..errors import UserError
 from . import add_device_arg, add_force_arg, fmt_int, parse_overrides, print_json
 
 
@@ -22,7 +23,6 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..analysis.accounting import account
-    from ..errors import UserError
     from ..models import list_models
 
     if args.list or not args.model:

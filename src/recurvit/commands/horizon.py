@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import UserError
 from . import DeprecatedOption, add_device_arg, add_force_arg, check_cost, load_trained, open_trained, print_json
 
 
@@ -34,7 +35,6 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..analysis.horizon import horizon_sweep, plot, summarize, write_csv
-    from ..errors import UserError
     from ..run.outputs import output_dir
 
     if args.steps is not None and args.steps < 1:
@@ -82,7 +82,6 @@ def _mazes(args) -> int:
 
     from ..analysis.mazes import maze_sweep_sizes, plot_solved, summarize_mazes
     from ..data.mazes import maze_test_sets
-    from ..errors import UserError
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.outputs import output_dir

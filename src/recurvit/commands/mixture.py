@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import UserError
 from . import add_run_args, check_cost, open_trained, print_json
 
 
@@ -19,7 +20,6 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..analysis.mixture import mixture_weights, plot_mixture, write_mean_csv
-    from ..errors import UserError
     if args.examples < 1:
         raise UserError(f"--examples must be >= 1, got {args.examples}")
     model, cfg, device, test_loader, info = open_trained(args)

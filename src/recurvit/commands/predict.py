@@ -6,7 +6,8 @@ import io
 import sys
 from pathlib import Path
 
-from . import add_device_arg, add_force_arg, check_cost_of, print_json
+from ..errors import UserError
+from . import add_device_arg, add_force_arg, check_cost_of, load_trained, print_json
 
 
 def add_parser(sub):
@@ -36,12 +37,10 @@ CSV_HEADER = ["image", "rank", "label", "prob"]  # the first line of every --csv
 
 
 def run(args) -> int:
-    from ..errors import UserError
     from ..export.predict import image_files, predict, read_images
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.outputs import claim_file, write_text
-    from . import load_trained
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")

@@ -11,6 +11,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..errors import UserError
 from . import print_json
 
 
@@ -61,7 +62,6 @@ CLUSTER_FLAGS = ("cluster", "partition", "gpus_per_run", "cpus_per_run", "timeou
 
 def cluster_options(args):
     """The --launcher submitit flags as ClusterOptions (defaults where a flag is not given)."""
-    from ..errors import UserError
     from ..study.launch import ClusterOptions
 
     given = {k: getattr(args, k) for k in CLUSTER_FLAGS if getattr(args, k) is not None}
@@ -77,7 +77,6 @@ def cluster_options(args):
 
 
 def run(args) -> int:
-    from ..errors import UserError
     from ..study import load_study, run_dir_root
     workers = 1 if args.workers is None else args.workers
     if workers < 1:
@@ -100,7 +99,6 @@ def run(args) -> int:
 
 
 def _run(args, study, out, workers, opts) -> int:
-    from ..errors import UserError
     from ..study import collect, run_study, write_report
     from ..study.archive import archive, archived
 
@@ -163,7 +161,6 @@ def study_lock(out: Path, reading: bool = False):
     """One writer for a study folder: a second `recurvit study` on the same folder is refused at once
     (its runs would each be "in use" and its report would call them failed). The lock is a run
     directory's (recurvit.run.lock), on STUDY/.study.lock."""
-    from ..errors import UserError
     from ..run import lock
     from ..run.outputs import output_dir
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import load_config
+from ..config import load_config, to_yaml
 from ..errors import UserError
 from . import launch_processes, load_run_config, print_json
 
@@ -39,7 +39,6 @@ def run(args) -> int:
 
     cfg = load_run_config(args, load_config, _default_config())
     if args.print_config:
-        from ..config import to_yaml
         from ..data import build_datasets
         from ..run.loaders import resolve_model_config
 

@@ -19,6 +19,8 @@ from . import transforms as T
 from .sources import (CIFAR_CLASSES, DIGITS_SPLIT_SEED, DIGITS_TEST_SIZE, FASHION_FILES,  # noqa: F401 (re-exported)
                       IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, _find_idx, _to_nchw, load_cifar, load_digits_split,
                       load_fashion_mnist, make_synthetic, read_idx)
+from . import mazes
+from .calibration import holdout_indices
 from .images import CheckedImageFolder, shown
 
 if TYPE_CHECKING:
@@ -255,8 +257,6 @@ def build_datasets(
     elif cfg.holdout:  # train on the rest; the held-out part is data.calibration.holdout_split's
         from torch.utils.data import Subset
 
-        from .calibration import holdout_indices
-
         train = Subset(train, holdout_indices(len(train), cfg.holdout)[0])
     for note in info.notes:
         (log or logger.warning)(note)
@@ -281,7 +281,6 @@ def _build(cfg: DataConfig, with_train: bool = True) -> tuple[Dataset, Dataset, 
     if name == "imagefolder":
         return _image_folder(cfg, with_train)
     if name == "mazes":  # items: (float (3, H, W) in [0, 1], long path mask (H, W)); test: the validation split
-        from . import mazes
 
         train, val = mazes.build_mazes(cfg, with_train)
         size = mazes.maze_pixels(cfg.maze_size)

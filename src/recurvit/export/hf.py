@@ -21,6 +21,14 @@ import json
 from pathlib import Path
 from typing import Any, Dict
 
+from ..errors import UserError
+from ..models import timm_presets
+from ..models.registry import timm_name
+from ..run.atomic import atomic_write
+from ..run.checkpoint import check_finite
+from ..run.load import SAFETENSORS_KEY
+from ..run.outputs import output_dir, staged_dir
+
 PRESET_FAMILY = {"vit": "bvit", "bvit": "bvit", "srvit": "srvit"}  # the timm families recurvit registers
 
 
@@ -32,13 +40,9 @@ def model_args(cfg) -> Dict[str, Any]:
 
 
 def architecture(cfg, model) -> str:
-    from ..models.registry import timm_name
-
     family = cfg.model.name.partition("_")[0]
     name = timm_name(cfg.model.name, model.cfg.patch_size, model.cfg.img_size, PRESET_FAMILY.get(family))
     if name is None:
-        from ..errors import UserError
-
         raise UserError(f"model {cfg.model.name} has no timm entry point to export under")
     return name
 
@@ -47,8 +51,6 @@ def _timm_twin(model, cfg):
     """The run's model built by ``timm.create_model`` (so it carries what ``save_for_hf`` reads: the factory's
     arguments, traits, ``pretrained_cfg``), holding the run's weights and preprocessing."""
     import timm
-
-    from ..models import timm_presets  # noqa: F401  (registers the names)
 
     args = {**model_args(cfg), "core": model.cfg.core}  # the entry point's preset may default to another core
     twin = timm.create_model(architecture(cfg, model), **args)
@@ -60,9 +62,6 @@ def _timm_twin(model, cfg):
 
 def _exportable(loaded, source) -> None:
     """What an export refuses: NaN weights, and per-step adapters (they cannot be one set of weights)."""
-    from ..errors import UserError
-    from ..run.checkpoint import check_finite
-
     check_finite(loaded.model, source)
     if getattr(loaded.model, "adapters", None):
         raise UserError("a step-LoRA fine-tune cannot be exported as one set of weights; export its unrolled.pt")
@@ -73,8 +72,6 @@ def export_hf(loaded, out: Path) -> Path:
     (:func:`recurvit.run.load.load`), written by ``timm.models.save_for_hf`` under a temporary name and
     renamed when complete (a kill leaves no half folder)."""
     from timm.models import save_for_hf
-
-    from ..run.outputs import staged_dir
 
     _exportable(loaded, loaded.source)
     model, cfg = loaded.model, loaded.config
@@ -91,10 +88,6 @@ def export_safetensors(loaded, out: Path) -> Path:
     its preprocessing (``recurvit.load(out)`` rebuilds it), written atomically."""
     from safetensors.torch import save
 
-    from ..errors import UserError
-    from ..run.atomic import atomic_write
-    from ..run.outputs import output_dir
-
     out = Path(out)
     if out.exists():
         raise UserError(f"{out} exists; choose another OUT")
@@ -109,8 +102,6 @@ def export_safetensors(loaded, out: Path) -> Path:
 
 def safetensors_metadata(model, cfg) -> Dict[str, str]:
     """What ``load(FILE.safetensors)`` needs to rebuild the model, as a safetensors header entry."""
-    from ..run.load import SAFETENSORS_KEY
-
     data = (getattr(model, "pretrained_cfg", None) or {}).get("recurvit_data")
     args = {**model_args(cfg), "core": model.cfg.core}
     return {SAFETENSORS_KEY: json.dumps({"model": cfg.model.name, "model_args": args, "data": data})}

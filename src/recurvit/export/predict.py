@@ -11,7 +11,11 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..data import transforms as T
+from ..data.datasets import dense_target
+from ..data.images import non_finite
 from ..errors import UserError
+from ..run.preprocessing import crop_pct
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
@@ -45,8 +49,6 @@ def read_images(files: Iterable[Path]) -> Tuple[List[Tuple[str, Any]], List[Tupl
     """(readable (name, PIL image) pairs, unreadable (name, reason) pairs)."""
     from PIL import Image, UnidentifiedImageError
 
-    from ..data.images import non_finite
-
     ok, bad = [], []
     for f in files:
         try:
@@ -62,9 +64,6 @@ def read_images(files: Iterable[Path]) -> Tuple[List[Tuple[str, Any]], List[Tupl
 
 
 def _transform(cfg: Dict[str, Any]):
-    from ..data import transforms as T
-    from ..run.preprocessing import crop_pct
-
     data = cfg.get("recurvit_data")
     if data is None:
         raise UserError("this model carries no preprocessing (pretrained_cfg); load it with recurvit.load_model(RUN)")
@@ -72,8 +71,6 @@ def _transform(cfg: Dict[str, Any]):
     if data["pipeline"] == "folder":
         folder = T.folder_test_transform(size, mean, std, crop_pct(data))
         return lambda im: folder(im.convert("RGB"))
-
-    from ..data.datasets import dense_target
 
     dense = dense_target(data.get("name", ""))  # a maze is read at its own size: the model runs larger ones
 
@@ -172,6 +169,4 @@ def predict(model: torch.nn.Module, images: Any, topk: int = 5, steps: Optional[
 
 
 def _dense_data(cfg: Dict[str, Any]) -> bool:
-    from ..data.datasets import dense_target
-
     return bool(dense_target((cfg.get("recurvit_data") or {}).get("name", "")))

@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from ..layers import Block, PatchEmbed
 from ..model_fields import ViTFields
+from .adaptive import forward_adaptive
 from .cores import Core, core_class
 from .registry import WIDTHS, register
 from .timm_contract import POOLS, TimmContract
@@ -216,8 +217,6 @@ class VisionTransformer(TimmContract, nn.Module):
         """Each image stops when ``criterion`` (kl | entropy | max_prob | state) meets ``threshold``:
         returns (logits (B, classes), steps used (B,)); exited images leave the batch (``compact``).
         See :func:`recurvit.models.adaptive.forward_adaptive`."""
-        from .adaptive import forward_adaptive
-
         return forward_adaptive(self, x, criterion=criterion, threshold=threshold, max_steps=max_steps,
                                 min_steps=min_steps, compact=compact)
 

@@ -17,6 +17,9 @@ import torch.nn as nn
 
 from ..config import RunConfig, config_from_dict
 from ..errors import UserError
+from ..models import create_model
+from ..models.adapters import attach_adapters
+from .preprocessing import preprocessing_of, pretrained_cfg
 
 FORMAT = "recurvit-checkpoint-v1"
 
@@ -117,8 +120,6 @@ def build_model_from_config(cfg: RunConfig, **overrides) -> nn.Module:
     """The run's model (fresh weights); ``overrides`` are model keys or core options."""
     from dataclasses import asdict
 
-    from ..models import create_model
-
     opts = {k: v for k, v in asdict(cfg.model).items() if k not in ("name", "options") and v is not None}
     opts.update(cfg.model.options or {})
     opts.update({k: v for k, v in overrides.items() if v is not None})
@@ -171,9 +172,6 @@ def read_model(ckpt: Dict[str, Any], source: str | Path, **overrides) -> Tuple[n
     dense, fine-tunes): the run's model from the model registry (``overrides``: core options to run it
     with), the adapters a step-LoRA fine-tune was trained with (per-step adapters cannot be merged into one
     block: the checkpoint carries their spec), its weights, and its preprocessing as timm reads it."""
-    from ..models.adapters import attach_adapters
-    from .preprocessing import preprocessing_of, pretrained_cfg
-
     cfg = config_from_checkpoint(ckpt)
     model = build_model_from_config(cfg, **overrides)
     if ckpt.get("adapter"):

@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from ..config import config_from_dict
 from ..errors import UserError
+from ..models import create_model
 from . import checkpoint as ckpt_io
 from .preprocessing import pretrained_cfg
 
@@ -96,8 +97,6 @@ def _exported(weights: Path, name: str, args: Dict[str, Any], data: Optional[Dic
     and preprocessing, and the run config those records give (model; data set name and root, when known)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
-
-    from ..models import create_model
 
     args = _recurvit_args(args)
     try:

@@ -10,6 +10,9 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler
 
 from ..config import RunConfig
+from ..data import build_datasets
+from ..data.calibration import holdout_split
+from ..data.datasets import dense_target
 from ..errors import UserError
 from . import distributed as dist_io
 from .progress import quiet
@@ -19,8 +22,6 @@ def run_data(cfg: RunConfig):
     """The data config a run reads: ONE img_size governs model and data, so ``model.img_size`` alone also
     sizes the images (``data.img_size``, when set, wins; both set and different is an error later). Data
     read at its own size (mazes: a model runs larger ones) is left as it is."""
-    from ..data.datasets import dense_target
-
     if dense_target(cfg.data.name):
         return cfg.data
     if cfg.data.img_size is None and getattr(cfg.model, "img_size", None) is not None:
@@ -55,8 +56,6 @@ def build_loaders(cfg: RunConfig, epoch_seed: int = 0, env: dist_io.DistEnv = di
                   log: Optional[Callable[[str], object]] = None) -> Tuple[DataLoader, DataLoader, object]:
     """Train / test loaders. With several processes (``env``) each rank loads its shard of every
     global batch (``train.batch_size / world_size`` images) and of the test set."""
-    from ..data import build_datasets
-
     data = run_data(cfg)
     train_set, test_set, info = env.main_first(lambda: build_datasets(data, log=log if env.is_main else quiet))  # rank 0 downloads first
     kw = dict(num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available(),
@@ -83,7 +82,6 @@ def build_val_loader(cfg: RunConfig, train_loader: DataLoader, test_loader: Data
     on it, never on the test split."""
     if not cfg.data.holdout:
         return None
-    from ..data.calibration import holdout_split
 
     full = train_loader.dataset.dataset  # build_datasets wraps the training split in a Subset
     val_set = holdout_split(full, test_loader.dataset, cfg.data.holdout)
@@ -95,8 +93,6 @@ def build_val_loader(cfg: RunConfig, train_loader: DataLoader, test_loader: Data
 
 def build_test_loader(cfg: RunConfig) -> Tuple[DataLoader, object]:
     """(test loader, data info) for the evaluation commands."""
-    from ..data import build_datasets
-
     _, test_set, info = build_datasets(run_data(cfg), with_train=False)
     loader = DataLoader(test_set, batch_size=max(256, cfg.train.batch_size), shuffle=False,
                         num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available())

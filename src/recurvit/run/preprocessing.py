@@ -6,6 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from ..data import build_datasets
+from ..errors import UserError
+from .loaders import run_data
+
 IMAGEFOLDER_CROP = 0.875  # data.transforms.FOLDER_CROP: resize to size / 0.875, centre crop
 
 
@@ -41,12 +45,8 @@ def preprocessing_of(ckpt: Dict[str, Any], cfg) -> Optional[Dict[str, Any]]:
     data config where the data set is at hand (None where it is not: the caller says so)."""
     if ckpt.get("data"):
         return ckpt["data"]
-    from ..data import build_datasets
-    from ..errors import UserError
 
     try:
-        from .loaders import run_data
-
         _, _, info = build_datasets(run_data(cfg), with_train=False)
     except (UserError, OSError):
         return None

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from ..run.atomic import write_atomic
 from .spec import Study
 
 
@@ -19,8 +20,6 @@ def archived(study: Study, run_id: str) -> Optional[Path]:
 
 def archive(study: Study, res: Dict[str, Any]) -> None:
     """Keep a finished run's result in the study's results folder (see :func:`archived`)."""
-    from ..run.atomic import write_atomic
-
     path = archived(study, res.get("run_id", ""))
     if path is None or "error" in res:
         return

@@ -24,6 +24,7 @@ from .cells import SEED_KEY, Row, as_number, figure_of, in_cell
 from .claims import NOT_TESTED, POOLED, Claim, claim_columns, decide_all, load_claims
 from .history import file_commits, rule_came, show
 from .registration import EXPLORATORY, PENDING, Evidence, evidence
+from .report import rows_from_csv, rows_from_text
 from .spec import load_study
 from .stats import fmt_p
 
@@ -203,8 +204,6 @@ def seeds_per_cell(claim: Claim, rows: Iterable[Row]) -> int:
 def _decided_at(root: Path, study: Any, results: Path) -> Callable[[str], Tuple[list, Dict[str, rules.Decision]]]:
     """(rows, the study's claims decided on them) of its results.csv as each commit held it (computed
     once a commit)."""
-    from .report import rows_from_text
-
     rel = str(results.resolve().relative_to(root.resolve()))
     cache: Dict[str, Tuple[list, Dict[str, rules.Decision]]] = {}
 
@@ -261,8 +260,6 @@ def collect(root: Path) -> List[Line]:
         results = study.results / "results.csv"
         rows = []
         if results.is_file():
-            from .report import rows_from_csv
-
             rows = rows_from_csv(results, study)
         decided = decide_all(study.claims, rows)
         ev = evidence(root, study, study.results, rows)

@@ -12,6 +12,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import yaml
 
+from ..errors import UserError
+
 
 def _git(root: Path, *args: str) -> Optional[str]:
     try:
@@ -128,7 +130,6 @@ def rule_came(root: Path, study_file: Path, cid: str, results_file: Path, column
         firsts = [first_commit(root, f) for f in seen]
         never = [f for f, c in zip(seen, firsts) if c is None]
         if never:  # a misspelt path would make the results look newer than they are
-            from ..errors import UserError
 
             raise UserError(f"claim {cid}: seen file(s) {', '.join(never)} were never committed in this repository")
         res = _earliest(root, [res, *firsts])

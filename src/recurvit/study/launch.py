@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import UserError
+from ..run.atomic import write_atomic
+from ..run.progress import show_progress
 from .archive import archive
 from .runner import _line, pending, run_one_safe
 from .spec import Study
@@ -141,8 +143,6 @@ def run_study_submitit(study: Study, out: Path, opts: ClusterOptions, progress: 
     :func:`~recurvit.study.runner.run_study` does)."""
     from tqdm.auto import tqdm
 
-    from ..run.progress import show_progress
-
     opts.check()
     out = Path(out).resolve()
     folder = Path(opts.slurm_dir).resolve() if opts.slurm_dir else out / "slurm"
@@ -221,8 +221,6 @@ def _states(jobs) -> str:
 
 
 def _record(folder: Path, ids: Dict[str, str]) -> None:
-    from ..run.atomic import write_atomic
-
     f = folder / JOBS_FILE
     known = json.loads(f.read_text()) if f.is_file() else {}
     write_atomic(f, json.dumps({**known, **ids}, indent=1))

@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 from matplotlib.figure import Figure
 
 from ..plot_style import percent, wrap
+from ..run.outputs import save_figure
 
 # (caption, file) of horizon() and of epochs() at its default label: a report rebuilt without the run
 # directories keeps these plots, drawn earlier, under the same names
@@ -50,7 +51,6 @@ def _legend(ax, **kw) -> None:
 
 def _save(fig: Figure, path: Path) -> str:
     fig.tight_layout()
-    from ..run.outputs import save_figure
 
     save_figure(fig, path)
     return path.name

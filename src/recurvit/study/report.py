@@ -8,20 +8,21 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+from ..errors import UserError
+from ..run.atomic import write_atomic
+from .evaluators import columns, evaluator
 from .grouping import pairs, table
-from .plateau import plateau_change
+from .plateau import plateau_change, plateau_summary, PLATEAU_TOL
 from .plots import every_run
 from .power import seeds_needed
 from .registry import view_of
 from .spec import SEED_KEY, Study
-from .stats import fmt_p, mean_ci, welch
+from .stats import fmt_ci, fmt_p, mean_ci, welch
 
 
 def evaluator_columns(rows: List[Dict[str, Any]], study: Study) -> List[str]:
     """The scalar columns the task's evaluators add (their ``columns``, tagged for the study's tagged
     instances such as ``exit@beyond``) that some row has."""
-    from .evaluators import columns, evaluator
-
     table = getattr(view_of(study.task), "EVALUATORS", {})
     keys = list(table) + [k for k in study.evaluators if k not in table]
     cols = [c for k in keys for c in columns(k, evaluator(table, k))]
@@ -36,8 +37,6 @@ def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> N
             + evaluator_columns(rows, study) + variant_keys)
     import io
 
-    from ..run.atomic import write_atomic
-
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
     w.writeheader()
@@ -50,8 +49,6 @@ def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> N
 def rows_from_csv(path: Path, study: Study) -> List[Dict[str, Any]]:
     """Rows of a results.csv written earlier (when the run directories are gone): numbers parsed,
     what the CSV does not hold (per-step curves) left out."""
-    from ..errors import UserError
-
     try:
         with open(path, newline="") as f:
             rows = rows_from_text(f.read(), study)
@@ -191,7 +188,6 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
         plots.insert(0, every_run(rows, lambda r: _cell_name(r, study), out_dir, study.name, word))
     for title, name in plots:
         lines += [f"![{title}]({name})", ""]
-    from ..run.atomic import write_atomic
 
     write_atomic(out_dir / "report.md", "\n".join(lines))
     return out_dir / "report.md"
@@ -205,8 +201,6 @@ def every_run_table(rows: List[Dict[str, Any]], study: Study, word: str = "accur
     """Each run's last validation (else test) accuracy and its change over the last 20% of its epochs (a
     least-squares line through them, :func:`recurvit.study.plateau.plateau_change`), against the plateau
     criterion: whether the budget was enough is read off the data, run by run."""
-    from .plateau import PLATEAU_TOL, plateau_summary
-
     key = "plateau_val" if any(r.get("plateau_val") is not None for r in rows) else "plateau_test"
     curve = "val_acc_curve" if key == "plateau_val" else "test_acc_curve"
     body = []
@@ -229,8 +223,6 @@ def every_run_table(rows: List[Dict[str, Any]], study: Study, word: str = "accur
 def evaluated_table(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     """The figures the study's evaluators added (their ``columns``), per cell: mean ± 95% half-width over
     seeds, as each evaluator stores them (see its docstring for units)."""
-    from .stats import fmt_ci
-
     cols = evaluator_columns([r for c in cs for r in c["rows"]], study)
     if not cols:
         return []

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import UserError
+from ..run.atomic import write_atomic
+from ..run.progress import show_progress
+from ..run.rundir import RunDir
 from .archive import archive, archived, read_result
 from .evaluators import missing, recorded
 from .registry import import_registrants, registrants, view_of
@@ -31,8 +34,6 @@ from .workers import estimate, in_processes
 
 
 def _write_result(out: Path, res: Dict[str, Any]) -> None:
-    from ..run.atomic import write_atomic
-
     write_atomic(out / "result.json", json.dumps(res, indent=1))
 
 
@@ -141,8 +142,6 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
               only: Sequence[str] = ()) -> List[Dict[str, Any]]:
     from tqdm.auto import tqdm
 
-    from ..run.progress import show_progress
-
     (out / "runs").mkdir(parents=True, exist_ok=True)
     done, todo = pending(study, out, only)
     evaluate_only = sum(kw.get("previous") is not None for kw in todo)
@@ -201,7 +200,6 @@ def _with_training_cost(rd: Path, res: Dict[str, Any]) -> Dict[str, Any]:
     when it re-evaluated a run whose last.pt kept no metrics): the time logged with the last epoch."""
     if "acc_T" not in res or res.get("train_seconds") is not None or not (rd / "metrics.jsonl").is_file():
         return res
-    from ..run.rundir import RunDir
 
     logged = RunDir(rd, created=False, owner=False).read_metrics()
     return {**res, "train_seconds": logged[-1].get("train_seconds")} if logged else res

@@ -40,9 +40,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
+from ..config_names import packaged
 from ..errors import UserError
 from .cells import SEED_KEY
 from .claims import load_claims
+from .evaluators import for_run, parse_eval
 from .registry import view_of
 
 
@@ -74,8 +76,6 @@ class Study:
     def eval_for(self, labels: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
         """The evaluators (with options) a finished run with these grid labels must have run; each is
         recorded in the run's result.json."""
-        from .evaluators import for_run
-
         return for_run(self.evaluators, labels)
 
     def cell_axes(self) -> List[str]:
@@ -190,7 +190,6 @@ def load_study(path: str | Path) -> Study:
         raise UserError(f"study file {p}: its grid has {size:,} runs (more than {MAX_RUNS:,}); split it or "
                         "shorten an axis")
     rep = raw.get("report") or {}
-    from .evaluators import parse_eval
 
     evaluators = parse_eval(raw.get("eval") or {}, getattr(view, "EVALUATORS", {}), f"study file {p}",
                             {axis: [lbl for lbl, _ in variants] for axis, variants in axes})
@@ -283,7 +282,6 @@ def _find(path: str, study_file: Optional[Path]) -> Path:
     for cand in ((study_file.parent / path) if study_file else None, Path(path)):
         if cand is not None and cand.is_file():
             return cand
-    from ..config_names import packaged
 
     found = packaged(str(path))  # a packaged config's name (digits/bvit), as on the command line
     if found is not None:

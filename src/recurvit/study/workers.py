@@ -7,6 +7,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from ..errors import UserError
+from ..run import distributed as dist_io
+from ..run.rundir import RunDir
+
 
 def estimate(done: List[Dict[str, Any]], todo: List[Dict[str, Any]], workers: int) -> str:
     """'; about 2.1 h more at the mean of the finished runs of each cell' (nothing when no run has finished).
@@ -117,10 +121,6 @@ def train_in_processes(command: List[str], base: str, overrides: List[str], out:
     one GPU each when the run is on CUDA); returns the last metrics line. The ranks' output goes to
     this process's (the job's log)."""
     import subprocess
-
-    from ..errors import UserError
-    from ..run import distributed as dist_io
-    from ..run.rundir import RunDir
 
     resume = (out / "config.yaml").is_file()  # else: a new run (or one killed before it wrote anything)
     args = [*command, *([] if resume else [str(base)]), *overrides, "train.progress=false",

@@ -33,6 +33,9 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from ..errors import UserError
+from ..train.resume import config_changes
+
 
 DATA_TASKS: Dict[str, type] = {}  # data set name -> the task its runs train as when it is not classification
 
@@ -63,8 +66,6 @@ class Task:
 
     def config_changes(self, state: Dict[str, Any]) -> list:
         """The keys whose values differ between the checkpoint's config and this task's."""
-        from ..train.resume import config_changes
-
         return config_changes(self.checkpoint_config(state), self.config_dict())
 
     def checkpoint_config(self, state: Dict[str, Any]) -> Dict[str, Any]:
@@ -78,8 +79,6 @@ class Task:
         return {}
 
     def out_of_memory(self, e: BaseException) -> Exception:
-        from ..errors import UserError
-
         return UserError(f"out of memory ({str(e).splitlines()[0][:100]}) with train.batch_size="
                          f"{self.cfg.train.batch_size}; make it or the model smaller")
 

@@ -27,12 +27,14 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from ..errors import UserError
 from ..run import checkpoint as ckpt_io, distributed as dist_io
 from ..run.atomic import DiskFull, write_atomic
 from ..run.device import pick_device, seed_everything
 from ..run.progress import quiet
 from ..run.rundir import RunDir, open_run
 from .checks import Diverged, how_to_go_on
+from .optim import follow_config
 from .resume import check_resume
 from .tensorboard import EpochWriter
 
@@ -76,8 +78,6 @@ def run_state(task, epoch: int) -> Dict[str, Any]:
 
 def check_task(state: Dict[str, Any], task, out: Path) -> None:
     """A resume continues a run of the same task (checkpoints without a task key are classification's)."""
-    from ..errors import UserError
-
     found = ckpt_io.task_of(state)
     if found != task.name:
         raise UserError(f"cannot resume {out}: it is a {found} run, not a {task.name} run "
@@ -97,8 +97,6 @@ def _fit(task, run: RunDir, resume: bool, log, stop_after: Optional[int], env: d
 
     start_epoch, best, elapsed, cpu = 0, -1.0, 0.0, 0.0
     if state is not None:
-        from .optim import follow_config
-
         ckpt_io.load_state(task.model, state["model"], out / "last.pt")
         task.opt.load_state_dict(state["optimizer"])
         task.sched.load_state_dict(state["scheduler"])

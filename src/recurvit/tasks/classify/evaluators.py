@@ -23,7 +23,14 @@ from __future__ import annotations
 import math
 from typing import Any, Dict
 
+from ...analysis.exit import calibrated_exits
+from ...analysis.horizon import horizon_sweep, summarize
+from ...analysis.per_step import analyze_model, continuation, step_specificity
+from ...errors import UserError
+from ...models.adaptive import CRITERIA
+from ...models.cores import CORES
 from ...study.evaluators import Evaluated, Evaluator
+from .task import evaluate
 
 
 class Horizon(Evaluator):
@@ -33,8 +40,6 @@ class Horizon(Evaluator):
     default = True  # every classification study sweeps the horizon (to T at least)
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ...analysis.horizon import horizon_sweep, summarize
-
         T = run.model.nominal_steps
         K = options["max_steps_factor"] * T
         if run.model.core.limit is not None:
@@ -49,9 +54,6 @@ class Variants(Evaluator):
     free_form = True
 
     def check(self, options, where):
-        from ...errors import UserError
-        from ...models.cores import CORES
-
         opts = super().check(options, where)
         known = {n for core in CORES.values() for n in core.option_names()}
         for variant, given in opts.items():
@@ -62,8 +64,6 @@ class Variants(Evaluator):
         return opts
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from .task import evaluate
-
         mc = run.model.cfg
         out: Dict[str, Any] = {}
         for variant, opts in options.items():
@@ -83,8 +83,6 @@ class PerStep(Evaluator):
     columns = ("skip_drop_T", "skip_drop_mean", "rel_update_T", "rel_update_ratio", "cka_last_pair", "readout_gain_T")
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ...analysis.per_step import analyze_model
-
         res = analyze_model(run.model, first_images(run, options["images"]), ("readout", "norms", "cka", "pruning"),
                             device=run.device)
         return per_step_figures(res)
@@ -101,8 +99,6 @@ class Continuation(Evaluator):
     columns = ("continue_drop_T",)
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ...analysis.per_step import continuation
-
         res = continuation(run.model, first_images(run, options["images"]), device=run.device)
         return {"continuation": res, "continue_drop_T": res["drop"]}
 
@@ -118,8 +114,6 @@ class StepPruning(Evaluator):
     columns = ("prune_split_r",)
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ...analysis.per_step import step_specificity
-
         res = step_specificity(run.model, first_images(run, options["images"]), mlp_slices=options["mlp_slices"],
                                device=run.device)
         return {"step_pruning": res, "prune_split_r": res["split_half_r"]}
@@ -170,9 +164,6 @@ class Exit(Evaluator):
                "exit_speedup", "exit_calibration_steps")
 
     def check(self, options, where):
-        from ...errors import UserError
-        from ...models.adaptive import CRITERIA
-
         opts = super().check(options, where)
         crit = opts["criteria"]
         opts["criteria"] = crit = [crit] if isinstance(crit, str) else list(crit or [])
@@ -189,8 +180,6 @@ class Exit(Evaluator):
         return opts
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from ...analysis.exit import calibrated_exits
-
         o = dict(options)
         if o["step_budget"] is not None:
             o["target_drop"] = None

@@ -51,7 +51,7 @@ from typing import Any, Dict, List, Optional
 
 import torch.nn as nn
 
-from ...config import DataConfig, RunConfig, as_dict, to_object
+from ...config import as_dict, DataConfig, load_config, RunConfig, to_object
 from ...errors import UserError
 from ...models.adapters import adapter_spec, attach_adapters, plain_state, unroll_step_lora
 from ...run import checkpoint as ckpt_io
@@ -59,6 +59,7 @@ from ...run.atomic import write_atomic
 from ...run.device import seed_everything
 from ...run.load import load
 from ...run.loaders import build_loaders, build_val_loader
+from ...run.rundir import never_trained, RunDir
 from ...train.fit import fit
 from .task import ClassifyTask
 
@@ -262,8 +263,6 @@ def _best_test(run_dir: Path) -> Optional[float]:
 
 
 def _metrics(run_dir: Path) -> List[Dict[str, Any]]:
-    from ...run.rundir import RunDir
-
     return RunDir(run_dir, created=False, owner=False).read_metrics()
 
 
@@ -293,15 +292,11 @@ def finetune_resume(run_dir, overrides: Optional[List[str]] = None, log=print,
                     stop_after: Optional[int] = None) -> Dict[str, Any]:
     """Continue the fine-tune in ``run_dir`` from its last.pt (its recipe from finetune.json, its
     config from config.yaml with ``overrides``: the keys a resume may change, such as train.epochs)."""
-    from ...config import load_config
-
     run_dir = Path(run_dir)
     try:
         recipe = json.loads((run_dir / RECIPE).read_text())
         method, source, data = recipe["method"], recipe["source"], recipe["data"]
     except (OSError, ValueError, KeyError, TypeError):
-        from ...run.rundir import never_trained
-
         if never_trained(run_dir):  # killed while it started: nothing to go on from, and its recipe is unknown
             raise UserError(f"cannot resume {run_dir}: it stopped before its first epoch ended, so its recipe is "
                             f"unknown; start it again with its original command and --out {run_dir}") from None

@@ -28,6 +28,7 @@ from ...study.grouping import table
 from .evaluators import EVALUATORS  # noqa: F401  (a fine-tune is evaluated as a classification run)
 from .study import (ACC_HEAD, ACC_KEYS, CONTRAST, CURVE_KEY, STAT_KEYS, chance, evaluate_trained, fill_cell, fix_row,
     intro, prepare_rows, report_plots)
+from .finetune import finetune, finetune_resume
 from .study import CSV_KEYS as _CLASSIFY_KEYS, SHARED_KEYS as _SHARED, tables as _classify_tables
 
 name = "finetune"
@@ -56,8 +57,6 @@ def recipe_of(overrides: List[str]) -> tuple:
 def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
         threads: Optional[int] = None) -> Dict[str, Any]:
     """Fine-tune the source run ``base`` (resuming an interrupted fine-tune), then evaluate it."""
-    from .finetune import finetune, finetune_resume
-
     recipe, rest = recipe_of(overrides)
     if nproc > 1:
         raise UserError("a fine-tuning study trains each run in one process")

@@ -8,13 +8,26 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...analysis.accounting import account
+from ...analysis.anytime import plot
+from ...config import load_config
+from ...errors import UserError
+from ...models.cores import core_class
+from ...models.loopvae_config import LoopVAEConfig
+from ...models.registry import model_config
+from ...run.device import pick_device
+from ...run.load import load
+from ...run.loaders import build_test_loader
 from ...run.progress import quiet
+from ...run.rundir import RunDir
 from ...study import plots
+from ...study.evaluators import Evaluated, evaluate_run
 from ...study.grouping import axis_of, pairs, table
-from ...study.plateau import plateau_column, plateau_per_seed, plateau_summary, plateau_text
+from ...study.plateau import plateau_change, plateau_column, plateau_per_seed, plateau_summary, plateau_text
 from ...study.stats import fmt_ci, mean_ci, welch
 from ...study.workers import run_config, train_in_processes
 from .evaluators import EVALUATORS
+from .task import train
 
 name = "classify"
 ACC_KEYS = ["acc_T", "acc_2T", "acc_4T", "acc_8T", "acc_16T", "acc_32T", "acc_64T", "acc_mean_T_4T"]
@@ -34,11 +47,6 @@ CONTRAST = (ACC_KEYS, 100.0, "points")  # figures a comparison reads, their scal
 # ------------------------------------------------------------------------------- one run's row
 def check_run(base: str, overrides: List[str]) -> None:
     """A grid point's config, read when the study file is (a bad value is one line before any run trains)."""
-    from ...config import load_config
-    from ...errors import UserError
-    from ...models.loopvae_config import LoopVAEConfig
-    from ...models.registry import model_config
-
     cfg = load_config(base, overrides)
     if isinstance(model_config(cfg.model.name), LoopVAEConfig):  # a VAE base in a classification study
         raise UserError(f"model {cfg.model.name} is a LoopVAE tokenizer, not a classifier: a study of it says "
@@ -49,9 +57,6 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
         threads: Optional[int] = None) -> Dict[str, Any]:
     """Train (or resume) the run, then run the evaluators of ``eval_spec`` ({name: options},
     :data:`recurvit.tasks.classify.evaluators.EVALUATORS`); the row also holds the run's cost and curves."""
-    from ...config import load_config
-    from .task import train
-
     cfg = run_config(load_config, out, base, overrides)
     cfg.train.progress = False
     if nproc > 1:
@@ -64,14 +69,6 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
 def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
     """The result row of a trained classification run (its last.pt): the evaluators of ``eval_spec``,
     its cost (parameters, FLOPs, NFE) and its curves; ``metrics``: what its training returned."""
-    from ...analysis.accounting import account
-    from ...run.device import pick_device
-    from ...run.load import load
-    from ...run.loaders import build_test_loader
-    from ...run.rundir import RunDir
-    from ...study.evaluators import Evaluated, evaluate_run
-    from ...study.plateau import plateau_change
-
     t0 = time.perf_counter()
     loaded = load(out / "last.pt")
     model, cfg = loaded.model, loaded.config
@@ -102,8 +99,6 @@ def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, An
 # ------------------------------------------------------------------------------------ the report
 def fix_row(r: Dict[str, Any]) -> None:
     """A row read back from an older results.csv: what can be derived from it."""
-    from ...models.cores import core_class
-
     if r.get("core") and "shares_blocks" not in r:
         r["shares_blocks"] = core_class(r["core"]).shares_blocks
     if "variants" not in r:  # the core-option variants' accuracies, from their variant_<name> columns
@@ -216,7 +211,6 @@ def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str
     axes = study.cell_axes()
     exits = [(c, r) for c in cs for r in c["rows"][:1] if isinstance(r.get("exit"), dict)]
     if exits:  # anytime exit: accuracy against mean steps, every criterion's sweep, the first seed of each cell
-        from ...analysis.anytime import plot
 
         plot([{"title": f"{', '.join(str(c[a]) for a in axes)} (seed {r.get('seed')}), chosen: {r['exit']['chosen']}",
                "T": r["steps"], "fixed": next(iter(r["exit"]["per_criterion"].values()))["fixed_accuracy"],

@@ -19,8 +19,10 @@ from tqdm.auto import tqdm
 
 from ...analysis.budget import check_param_memory, check_train_memory, first_batches_guard
 from ...config import RunConfig, as_dict, to_yaml
+from ...data import build_batch_transform
 from ...data.datasets import dense_target, native_size
 from ...errors import UserError
+from ...models.speed import compile_available, compile_blocks, set_activation_checkpointing
 from ...run import checkpoint as ckpt_io, distributed as dist_io
 from ...run.device import autocast
 from ...run.loaders import build_loaders, build_val_loader, resolve_model_config, set_epoch
@@ -210,8 +212,6 @@ class ClassifyTask(Task):
         self.model = ckpt_io.build_model_from_config(cfg).to(device)
 
     def build_depth(self, env):
-        from ...data import build_batch_transform
-
         tc = self.cfg.train
         # one depth per global batch: under several processes the draws come from a generator that
         # every rank seeds alike (a single process keeps drawing from the global RNG, as it always has)
@@ -249,8 +249,6 @@ class ClassifyTask(Task):
     def _speed_and_scale(self, device, env) -> Optional[Callable]:
         """Activation checkpointing, regional compilation and the DDP wrapper, as the config asks;
         returns the training forward (the DDP module under several processes, else None)."""
-        from ...models.speed import compile_available, compile_blocks, set_activation_checkpointing
-
         model, tc = self.model, self.cfg.train
         if tc.activation_checkpointing:
             try:

@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ...analysis.mazes import maze_sweep
+from ...data.mazes import build_mazes, maze_test_sets
 from ...errors import UserError
 from ...study.evaluators import Evaluated, Evaluator
 
@@ -122,9 +124,6 @@ class Mazes(Evaluator):
         from dataclasses import replace
 
         from torch.utils.data import DataLoader, Subset
-
-        from ...analysis.mazes import maze_sweep
-        from ...data.mazes import build_mazes, maze_test_sets
 
         model, data, o = run.model, run.cfg.data, options
         T = model.nominal_steps

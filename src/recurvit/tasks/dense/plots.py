@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...analysis.mazes import plot_solved
+
 PANELS = ("mazes solved against test-time iterations", "solved_vs_iterations.png")
 PICTURE = "maze_solved.png"
 
@@ -26,8 +28,6 @@ def _layout(cs: List[Dict[str, Any]], axes: List[str]) -> List[List[Optional[Dic
 def solved_panels(cs: List[Dict[str, Any]], study, out_dir: Path) -> Tuple[str, str]:
     """Solved (mean over the cell's seeds) against iterations on a log axis, a line a size, a panel a cell."""
     from matplotlib.figure import Figure
-
-    from ...analysis.mazes import plot_solved
 
     grid = _layout(cs, study.cell_axes())
     nr, nc = len(grid), max(len(r) for r in grid)

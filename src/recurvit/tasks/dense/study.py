@@ -23,13 +23,22 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...analysis.accounting import count_params, measure_flops
+from ...config import load_config
+from ...data.mazes import maze_pixels
+from ...run.device import pick_device
+from ...run.load import load
 from ...run.progress import quiet
+from ...run.rundir import RunDir
+from ...study.evaluators import Evaluated, evaluate_run
 from ...study.grouping import table
 from ...study.plateau import plateau_change, plateau_per_seed, plateau_summary
 from ...study.stats import fmt_ci, mean_ci
 from ...study.workers import run_config, train_in_processes
 from ..classify.study import check_run  # noqa: F401  (a maze run's config is a run config too)
+from ..classify.task import train
 from .evaluators import EVALUATORS, RUN_COLUMNS, size_columns  # noqa: F401  (EVALUATORS: the study's table)
+from .plots import maze_picture, solved_panels
 
 name = "dense"
 CSV_KEYS = ["model", "core", "runs_as", "width", "steps", "seed", "epochs", "params", "params_stored",
@@ -49,9 +58,6 @@ _SIZE = re.compile(r"^solved_(\d+)$")
 def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
         threads: Optional[int] = None) -> Dict[str, Any]:
     """Train (or resume) the maze run, then sweep it (:data:`EVALUATORS`); the row also holds its cost."""
-    from ...config import load_config
-    from ..classify.task import train  # data with a per-pixel target train as the dense task
-
     cfg = run_config(load_config, out, base, overrides)
     cfg.train.progress = False
     if nproc > 1:
@@ -63,13 +69,6 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
 
 def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
     """The result row of a trained maze run (its last.pt: best.pt is chosen on validation at T only)."""
-    from ...analysis.accounting import count_params, measure_flops
-    from ...data.mazes import maze_pixels
-    from ...run.device import pick_device
-    from ...run.load import load
-    from ...run.rundir import RunDir
-    from ...study.evaluators import Evaluated, evaluate_run
-
     t0 = time.perf_counter()
     loaded = load(out / "last.pt")
     model, cfg = loaded.model, loaded.config
@@ -171,8 +170,6 @@ def tables(cs: List[Dict[str, Any]], study) -> List[str]:
 
 
 def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
-    from .plots import maze_picture, solved_panels
-
     made = []
     if any(c["sweeps"] for c in cs):
         made.append(solved_panels(cs, study, out_dir))

@@ -40,6 +40,7 @@ from ...train.fit import fit
 from ...train.losses import (progressive_draw, progressive_logits, progressive_mix, readout_steps, stage_weights,
     supervised_loss)
 from ...data.datasets import DENSE, dense_target
+from ...data.mazes import maze_pixels, maze_test_sets
 from ...train.optim import optimizer_step
 from ..base import DATA_TASKS
 from ..classify.task import ClassifyTask
@@ -168,8 +169,6 @@ class DenseTask(ClassifyTask):
         self._check_model()
 
     def _check_model(self):
-        from ...data.mazes import maze_pixels
-
         mc, cfg = self.model.cfg, self.cfg
         if hasattr(mc, "dense") and not mc.dense:
             raise UserError(f"model {cfg.model.name} reads out one class an image: set model.dense=true for "
@@ -238,8 +237,6 @@ class DenseTask(ClassifyTask):
         return out
 
     def _test_every_size(self, env) -> Dict[str, float]:
-        from ...data.mazes import maze_test_sets
-
         out = {}
         for size, data in maze_test_sets(self.cfg.data).items():
             sampler = dist_io.Shard(len(data), env.rank, env.world_size) if env.enabled else None

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
+from ...config import DataConfig
+from ...data import build_datasets
 from ...errors import UserError
 from .config import VAEDataConfig
 
@@ -135,9 +137,6 @@ def _photos(cfg: VAEDataConfig, seed: int) -> Tuple[Dataset, Dataset, VAEDataInf
 
 
 def _foundation(cfg: VAEDataConfig) -> Tuple[Dataset, Dataset, VAEDataInfo]:
-    from ...config import DataConfig
-    from ...data import build_datasets
-
     dc = DataConfig(name=cfg.name, root=cfg.root, img_size=cfg.img_size, num_workers=cfg.num_workers,
                     crop_padding=0, hflip=cfg.hflip)
     train, test, info = build_datasets(dc)

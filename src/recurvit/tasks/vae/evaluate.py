@@ -12,20 +12,21 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from ...errors import UserError
+from ...models import create_model, model_config
+from ...models.loopvae import LoopVAE, LoopVAEConfig
+from ...plot_style import wrap
 from ...run import checkpoint as ckpt_io
 from ...run.device import autocast
 from ...run.load import load
+from ...run.outputs import save_figure
 from .config import VAERunConfig, config_from_dict
-from .metrics import out_of_range, psnr, ssim, to_unit
+from .metrics import frechet_distance, out_of_range, psnr, ssim, to_unit
 
 TASK = "vae"  # checkpoint["task"] of runs written by `recurvit vae train`
 
 
 def build_vae_model(cfg: VAERunConfig) -> nn.Module:
     """The LoopVAE preset ``cfg.model.name`` with the config's non-None fields as overrides."""
-    from ...models import create_model, model_config
-    from ...models.loopvae import LoopVAE, LoopVAEConfig
-
     name = cfg.model.name
     opts = {k: v for k, v in asdict(cfg.model).items() if k != "name" and v is not None}
     base = model_config(name)  # UserError for unknown names
@@ -98,8 +99,6 @@ def evaluate_vae(model: nn.Module, loader: Iterable, device: torch.device, amp: 
         raise UserError("the test set is empty")
     out = {k: v / n for k, v in tot.items() if k != "lpips" or lpips is not None}
     if inception is not None:
-        from .metrics import frechet_distance
-
         if n < 2:
             raise UserError("rFID needs at least 2 test images")
         out["rfid"] = frechet_distance(torch.cat(feats_real).numpy(), torch.cat(feats_fake).numpy())
@@ -131,9 +130,6 @@ def save_grid(model: nn.Module, dataset: Dataset, path: str | Path, device: torc
     reconstructions (bottom row, labelled with the loops they ran), drawn with matplotlib."""
     from matplotlib.figure import Figure
     from torchvision.utils import make_grid
-
-    from ...plot_style import wrap
-    from ...run.outputs import save_figure
 
     n = min(n, len(dataset))
     idx = torch.linspace(0, len(dataset) - 1, n).round().long().tolist()

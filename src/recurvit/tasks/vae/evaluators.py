@@ -16,6 +16,7 @@ import statistics
 from typing import Any, Dict
 
 from ...study.evaluators import Evaluated, Evaluator
+from .interventions import intervention_specs, run_interventions, update_sizes
 
 
 class Interventions(Evaluator):
@@ -24,8 +25,6 @@ class Interventions(Evaluator):
     columns = ("trunc1_cost_db", "trunc1_oor_gain", "skip_last_cost_db", "last_update_rel")
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
-        from .interventions import intervention_specs, run_interventions, update_sizes
-
         model = run.model
         truncate = sorted({1, *map(int, options["truncate"])})
         factors = sorted({0.0, *map(float, options["factors"])})

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from ... import tables
+from ...run.outputs import save_figure
 from ...run.progress import show_progress
 from .evaluate import evaluate_vae
 
@@ -141,7 +142,6 @@ def plot(rows: List[Dict[str, Any]], path: str | Path, title: str = "") -> Path:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    from ...run.outputs import save_figure
 
     save_figure(fig, path, dpi=120)
     return path

@@ -27,6 +27,8 @@ import torch
 
 from ... import tables
 from ...analysis.accounting import count_params, measure_flops
+from ...models import model_config
+from ...run.device import pick_device
 from .config import VAERunConfig
 from .evaluate import build_vae_model
 
@@ -86,9 +88,6 @@ def profile_models(cfg: VAERunConfig, operators: Sequence[str] = ("conv", "trans
 
     The models are timed round-robin (repeat r of every model, then repeat r + 1, ...), so a slow
     phase of a shared machine or a warm-up effect does not fall on one model only."""
-    from ...models import model_config
-    from ...run.device import pick_device
-
     dev = pick_device(device)  # auto, cpu, cuda[:N]: the CLI's one device rule
     rows, cases = [], []
     for op in operators:

@@ -7,13 +7,21 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ...analysis.accounting import count_params, measure_flops
+from ...run.device import pick_device
 from ...run.progress import quiet
+from ...run.rundir import RunDir
 from ...study import plots
+from ...study.evaluators import Evaluated, evaluate_run
 from ...study.grouping import table
 from ...study.plateau import plateau_column
 from ...study.stats import fmt_ci
 from ...study.workers import run_config, train_in_processes
+from .config import load_vae_config
+from .data import build_vae_datasets
+from .evaluate import evaluate_vae, load_vae_run, make_test_loader
 from .evaluators import EVALUATORS
+from .task import train_vae
 
 name = "vae"
 CSV_KEYS = ["model", "operator", "core", "seed", "epochs", "params_stored", "params_effective", "flops_forward",
@@ -30,22 +38,12 @@ ACC_HEAD: Dict[str, str] = {}
 # ------------------------------------------------------------------------------- one run's row
 def check_run(base: str, overrides: List[str]) -> None:
     """A grid point's config, read when the study file is (a bad value is one line before any run trains)."""
-    from .config import load_vae_config
-
     load_vae_config(base, overrides)
 
 
 def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
             threads: Optional[int] = None) -> Dict[str, Any]:
     import torch
-
-    from ...analysis.accounting import count_params, measure_flops
-    from ...run.device import pick_device
-    from ...run.rundir import RunDir
-    from .config import load_vae_config
-    from .data import build_vae_datasets
-    from .evaluate import evaluate_vae, load_vae_run, make_test_loader
-    from .task import train_vae
 
     cfg = run_config(load_vae_config, out, base, overrides)
     cfg.train.progress = False
@@ -60,7 +58,6 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
     _, test_set, info = build_vae_datasets(cfg.data, cfg.train.seed)
     loader = make_test_loader(test_set, 64)
     ev = evaluate_vae(model, loader, device, cfg.train.amp)
-    from ...study.evaluators import Evaluated, evaluate_run
 
     figures = evaluate_run(Evaluated(model, cfg, out, device, loader, info), eval_spec, EVALUATORS)
     x = next(iter(loader))[:16].to(device)

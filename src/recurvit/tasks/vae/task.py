@@ -37,6 +37,7 @@ from .config import VAERunConfig, as_dict, config_from_dict, to_yaml
 from .data import build_vae_datasets, mean_image
 from .evaluate import TASK, build_vae_model, evaluate_vae, make_test_loader, mean_image_baseline, read_vae
 from .losses import PatchDiscriminator, d_hinge_loss, g_hinge_loss, kl_loss, recon_loss
+from .metrics import LPIPS
 
 
 def resolve_vae_config(cfg: VAERunConfig, info) -> VAERunConfig:
@@ -119,8 +120,6 @@ class VAETask(Task):
         self.sched = build_scheduler(self.opt, tc, self.steps_per_epoch)
         self.lpips = None
         if tc.perceptual_weight > 0:
-            from .metrics import LPIPS
-
             self.lpips = LPIPS(tc.vgg_weights, tc.lpips_weights,
                                flags=("train.vgg_weights=FILE", "train.lpips_weights=FILE")).to(device)
         self.disc = self.dopt = None
