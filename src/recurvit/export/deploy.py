@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ..models.adaptive import RISING, check_criterion
+from .backends import OnnxProgram, TorchProgram, take, to_numpy
 from .steps import FORMAT, MANIFEST, STEP, VERSION
 
 State = Dict[str, Any]  # name -> numpy array (onnx) or tensor (torch-export), dim 0 the batch
@@ -54,7 +55,7 @@ def signal(criterion: str, logp: np.ndarray, prev_logp: Optional[np.ndarray], z,
             return np.full(logp.shape[:1], np.inf, dtype=np.float32)
         return (np.exp(logp) * (logp - prev_logp)).sum(axis=-1)
     if criterion == "state":
-        a, b = _np(z).astype(np.float32).reshape(len(z), -1), _np(prev_z).astype(np.float32).reshape(len(z), -1)
+        a, b = to_numpy(z).astype(np.float32).reshape(len(z), -1), to_numpy(prev_z).astype(np.float32).reshape(len(z), -1)
         return np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-12)
     raise ValueError(check_criterion(criterion))
 
@@ -64,59 +65,6 @@ def meets(criterion: str, sig: np.ndarray, threshold: Optional[float]) -> np.nda
     if threshold is None:
         return np.zeros(sig.shape, dtype=bool)
     return sig >= np.float32(threshold) if criterion in RISING else sig <= np.float32(threshold)
-
-
-def _np(a) -> np.ndarray:
-    return a.detach().numpy() if isinstance(a, torch.Tensor) else a
-
-
-def _take(a, idx: np.ndarray):
-    return a[torch.from_numpy(idx)] if isinstance(a, torch.Tensor) else a[idx]
-
-
-class _OnnxProgram:
-    def __init__(self, path: Path, inputs: Sequence[str], threads: Optional[int]):
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        if threads:
-            opts.intra_op_num_threads = opts.inter_op_num_threads = int(threads)
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        self.inputs = list(inputs)
-
-    @staticmethod
-    def native(x: torch.Tensor) -> np.ndarray:
-        return np.ascontiguousarray(_np(x), dtype=np.float32)
-
-    @staticmethod
-    def index(k: int) -> np.ndarray:
-        return np.array(k, dtype=np.int64)
-
-    def __call__(self, *args) -> tuple:
-        return tuple(self.session.run(None, dict(zip(self.inputs, args))))
-
-
-class _TorchProgram:
-    def __init__(self, path: Path):
-        import logging
-
-        logging.disable(logging.WARNING)  # torch's deserializer warns about unused symbols of the step index
-        try:
-            self.module = torch.export.load(str(path)).module()
-        finally:
-            logging.disable(logging.NOTSET)
-
-    @staticmethod
-    def native(x) -> torch.Tensor:
-        return torch.as_tensor(x, dtype=torch.float32).contiguous()
-
-    @staticmethod
-    def index(k: int) -> torch.Tensor:
-        return torch.tensor(k, dtype=torch.long)
-
-    def __call__(self, *args) -> tuple:
-        out = self.module(*args)
-        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
 class StepProgram:
@@ -141,8 +89,8 @@ class StepProgram:
         def load(name: str, part: str):
             path = self.folder / name
             if self.backend == "onnx":
-                return _OnnxProgram(path, m["inputs"][part], threads)
-            return _TorchProgram(path)
+                return OnnxProgram(path, m["inputs"][part], threads)
+            return TorchProgram(path)
 
         self._embed = load(m["programs"]["embed"], "embed")
         self._steps = [load(n, "step") for n in m["programs"]["step"]]
@@ -284,10 +232,10 @@ class StepProgram:
             prev_z = state["z"]
             if fused:
                 got = self._run(state, k, True)  # `state` is this call's own: updated in place
-                logits, conf = _np(got[-2]), _np(got[-1])
+                logits, conf = to_numpy(got[-2]), to_numpy(got[-1])
             else:
                 self._run(state, k, False)
-                logits, conf = _np(self.readout(state, k)), None
+                logits, conf = to_numpy(self.readout(state, k)), None
             if out is None:
                 if logits.ndim != 2:
                     raise ValueError(f"an early exit needs per-image logits (B, classes); this program reads "
@@ -314,7 +262,7 @@ class StepProgram:
                 keep = np.flatnonzero(~stop)
                 if keep.size == 0:
                     break
-                state = {n: _take(v, keep) for n, v in state.items()}  # the exited images leave the batch
+                state = {n: take(v, keep) for n, v in state.items()}  # the exited images leave the batch
                 rows = rows[keep]
                 logp = None if logp is None else logp[keep]
             prev_logp = logp
@@ -327,8 +275,8 @@ class StepProgram:
         thr = None if threshold is None else float(np.float32(threshold))
         for k in range(1, K + 1):
             got = self._run(state, k, True)
-            if k == K or (k >= m and thr is not None and float(_np(got[-1])[0]) >= thr):
-                return torch.from_numpy(np.array(_np(got[-2]))), torch.tensor([k], dtype=torch.int64)
+            if k == K or (k >= m and thr is not None and float(to_numpy(got[-1])[0]) >= thr):
+                return torch.from_numpy(np.array(to_numpy(got[-2]))), torch.tensor([k], dtype=torch.int64)
         raise AssertionError("unreachable: step K returns")
 
     @torch.no_grad()
@@ -350,7 +298,7 @@ class StepProgram:
             p, s = [], {c: [] for c in CRITERIA}
             for k in range(1, K + 1):
                 state = self.step(state, k)
-                logp = _log_softmax(_np(self.readout(state, k)))
+                logp = _log_softmax(to_numpy(self.readout(state, k)))
                 p.append(logp.argmax(axis=-1))
                 for c in CRITERIA:
                     s[c].append(signal(c, logp, prev_logp, state["z"], prev_z))
