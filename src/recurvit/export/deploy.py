@@ -55,7 +55,8 @@ def signal(criterion: str, logp: np.ndarray, prev_logp: Optional[np.ndarray], z,
             return np.full(logp.shape[:1], np.inf, dtype=np.float32)
         return (np.exp(logp) * (logp - prev_logp)).sum(axis=-1)
     if criterion == "state":
-        a, b = to_numpy(z).astype(np.float32).reshape(len(z), -1), to_numpy(prev_z).astype(np.float32).reshape(len(z), -1)
+        a = to_numpy(z).astype(np.float32).reshape(len(z), -1)
+        b = to_numpy(prev_z).astype(np.float32).reshape(len(z), -1)
         return np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(b, axis=1), 1e-12)
     raise ValueError(check_criterion(criterion))
 
