@@ -493,3 +493,16 @@ def test_a_python_tag_in_an_override_is_one_line_and_constructs_nothing(one_epoc
     _fails(capsys, [subst.get(a, a.replace("TAG", tag)) for a in argv], "bad config (overrides)",
            "could not determine a constructor for the tag")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("cmd", [["eval"], ["export", "--format", "hf", "--out", "OUT"]])
+def test_an_unreadable_config_yaml_is_one_line_not_a_silent_switch_to_last_pt(one_epoch, tmp_path, capsys, cmd):
+    """A run's config.yaml says whether best.pt was chosen on a validation split; unreadable (here a !!python
+    tag), the commands read last.pt instead and said nothing: other figures than the run's own."""
+    run = _copy(one_epoch, tmp_path)
+    shutil.copy(run / "last.pt", run / "best.pt")
+    marker = tmp_path / "executed"
+    (run / "config.yaml").write_text(f"model: !!python/object/apply:os.system ['touch {marker}']\n")
+    argv = [cmd[0], str(run), *[str(tmp_path / "out") if a == "OUT" else a for a in cmd[1:]]]
+    _fails(capsys, argv, "config.yaml is unreadable")
+    assert not marker.exists() and not (tmp_path / "out").exists()

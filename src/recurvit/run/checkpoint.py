@@ -36,11 +36,17 @@ def _validated(run_dir: Path) -> bool:
 
     if any((run_dir / name).is_file() for name in BEST_WITHOUT_HOLDOUT):
         return True
-    try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-        return float((cfg.get("data") or {}).get("holdout") or 0) > 0
-    except (OSError, yaml.YAMLError, TypeError, ValueError, AttributeError):
+    path = run_dir / "config.yaml"
+    if not path.is_file():
         return False
+    try:
+        cfg = yaml.safe_load(path.read_text()) or {}
+        return float((cfg.get("data") or {}).get("holdout") or 0) > 0
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError, ValueError, AttributeError) as e:
+        # silently reading last.pt instead would give other figures than the run's own best.pt
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{path} is unreadable ({reason}); it says whether best.pt was chosen on a validation "
+                        f"split: restore it, or give the checkpoint file ({run_dir / 'best.pt'})") from None
 
 
 def resolve_checkpoint(path: str | Path, prefer: str = "best.pt") -> Path:
