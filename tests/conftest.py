@@ -5,8 +5,6 @@ import time
 import pytest
 import torch
 
-import recurvit.tasks  # noqa: F401  (registers every task where study/ and run/ look tasks up, as the CLI does)
-
 os.environ.setdefault("TQDM_DISABLE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import recurvit.tasks  # noqa: F401  (registers the tasks study files name: study/ imports none)
 from recurvit.errors import UserError
 from recurvit.study import rules
 from recurvit.study.claims import decide_all

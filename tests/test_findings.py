@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import recurvit.tasks  # noqa: F401  (registers the tasks study files name: study/ imports none)
 from recurvit.errors import UserError
 from recurvit.study.findings import collect
 from recurvit.study.findings_md import render

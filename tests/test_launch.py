@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("submitit")
 
+import recurvit.tasks  # noqa: E402,F401  (registers the tasks study files name: study/ imports none)
 from recurvit.cli import main  # noqa: E402
 from recurvit.errors import UserError  # noqa: E402
 from recurvit.study import load_study  # noqa: E402

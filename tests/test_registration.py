@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+import recurvit.tasks  # noqa: F401  (registers the tasks study files name: study/ imports none)
 from recurvit.study import rules
 from recurvit.study.findings import collect
 from recurvit.study.findings_md import render

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import recurvit.tasks  # noqa: F401  (registers the tasks study files name: study/ imports none)
 from recurvit.analysis.accounting import count_params, measure_flops
 from recurvit.errors import UserError
 from recurvit.models import ViTConfig, create_model

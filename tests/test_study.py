@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+import recurvit.tasks  # noqa: F401  (registers the tasks study files name: study/ imports none)
 from recurvit.study import load_study, run_study, write_report
 from recurvit.study.runner import collect
 from recurvit.cli import main
