@@ -57,13 +57,18 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
         threads: Optional[int] = None) -> Dict[str, Any]:
     """Train (or resume) the run, then run the evaluators of ``eval_spec`` ({name: options},
     :data:`recurvit.tasks.classify.evaluators.EVALUATORS`); the row also holds the run's cost and curves."""
+    return evaluate_trained(out, eval_spec, train_run(base, overrides, out, nproc, threads))
+
+
+def train_run(base: str, overrides: List[str], out: Path, nproc: int = 1, threads: Optional[int] = None
+              ) -> Dict[str, Any]:
+    """Train (or resume) a run of ``recurvit train`` (classification or mazes: the data chooses the task) in
+    folder ``out``, in ``nproc`` processes when > 1; returns what its training returned."""
     cfg = run_config(load_config, out, base, overrides)
     cfg.train.progress = False
     if nproc > 1:
-        metrics = train_in_processes(["train"], base, overrides, out, nproc, threads)
-    else:
-        metrics = train(cfg, out, resume=out.is_dir(), log=quiet)
-    return evaluate_trained(out, eval_spec, metrics)
+        return train_in_processes(["train"], base, overrides, out, nproc, threads)
+    return train(cfg, out, resume=out.is_dir(), log=quiet)
 
 
 def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:

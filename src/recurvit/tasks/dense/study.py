@@ -24,19 +24,15 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...analysis.accounting import count_params, measure_flops
-from ...config import load_config
 from ...data.mazes import maze_pixels
 from ...run.device import pick_device
 from ...run.load import load
-from ...run.progress import quiet
 from ...run.rundir import RunDir
 from ...study.evaluators import Evaluated, evaluate_run
 from ...study.grouping import table
 from ...study.plateau import plateau_change, plateau_per_seed, plateau_summary
 from ...study.stats import fmt_ci, mean_ci
-from ...study.workers import run_config, train_in_processes
-from ..classify.study import check_run  # noqa: F401  (a maze run's config is a run config too)
-from ..classify.task import train
+from ..classify.study import check_run, train_run  # noqa: F401  (check_run: a maze run's config is a run config too)
 from .evaluators import EVALUATORS, RUN_COLUMNS, size_columns  # noqa: F401  (EVALUATORS: the study's table)
 from .plots import maze_picture, solved_panels
 
@@ -58,13 +54,7 @@ _SIZE = re.compile(r"^solved_(\d+)$")
 def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
         threads: Optional[int] = None) -> Dict[str, Any]:
     """Train (or resume) the maze run, then sweep it (:data:`EVALUATORS`); the row also holds its cost."""
-    cfg = run_config(load_config, out, base, overrides)
-    cfg.train.progress = False
-    if nproc > 1:
-        metrics = train_in_processes(["train"], base, overrides, out, nproc, threads)
-    else:
-        metrics = train(cfg, out, resume=out.is_dir(), log=quiet)
-    return evaluate_trained(out, eval_spec, metrics)
+    return evaluate_trained(out, eval_spec, train_run(base, overrides, out, nproc, threads))
 
 
 def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
