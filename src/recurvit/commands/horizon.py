@@ -39,8 +39,9 @@ def run(args) -> int:
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
-    if load_trained(args.run).config.data.name == "mazes":  # the dense task (its data chooses it)
-        return _mazes(args)
+    loaded = load_trained(args.run)
+    if loaded.config.data.name == "mazes":  # the dense task (its data chooses it)
+        return _mazes(args, loaded)
     model, cfg, device, test_loader, info = open_trained(args)
     out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))  # before the work
     T = model.nominal_steps
@@ -72,7 +73,7 @@ def run(args) -> int:
     return 0
 
 
-def _mazes(args) -> int:
+def _mazes(args, loaded) -> int:
     """The thinking-longer sweep of a maze run (see :mod:`recurvit.analysis.mazes`)."""
     import csv
     import json
@@ -89,7 +90,6 @@ def _mazes(args) -> int:
     if args.mazes < 1 or any(s < 5 or s % 2 == 0 for s in args.sizes or ()):
         raise UserError(f"--mazes must be >= 1 and every --sizes an odd number >= 5, got {args.mazes} and "
                         f"{args.sizes}")
-    loaded = load_trained(args.run)
     model, cfg = loaded.model, loaded.config
     check_finite(model, args.run)
     out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))
