@@ -31,7 +31,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ..models.adaptive import RISING, check_criterion
+from ..analysis.certify import certify
+from ..errors import UserError
+from ..models.adaptive import CRITERIA, RISING, check_criterion
 from .backends import OnnxProgram, TorchProgram, take, to_numpy
 from .steps import FORMAT, MANIFEST, STEP, VERSION
 
@@ -72,8 +74,6 @@ class StepProgram:
     """The programs of a step-program export folder, loaded once (see the module docstring)."""
 
     def __init__(self, folder: Union[str, Path], threads: Optional[int] = None):
-        from ..errors import UserError
-
         self.folder = Path(folder)
         try:
             m = json.loads((self.folder / MANIFEST).read_text())
@@ -286,8 +286,6 @@ class StepProgram:
         after steps 1..K, as :func:`recurvit.analysis.anytime.trajectories` gives them for a model (the
         signals computed as :meth:`adaptive` computes them). ``batches``: tensors of images, or (images,
         labels) pairs."""
-        from ..models.adaptive import CRITERIA
-
         K = self.check_steps(steps)
         preds: List[np.ndarray] = []
         labels: List[torch.Tensor] = []
@@ -328,8 +326,6 @@ def certified_threshold(program: StepProgram, calibration: Union[torch.Tensor, I
     Learn-then-Test (:func:`recurvit.analysis.certify.certify`), computed with the exported programs
     themselves. ``calibration``: a tensor of images or an iterable of batches (no labels are needed).
     ``threshold`` None (``certified`` False) when no exit is: run at full depth."""
-    from ..analysis.certify import certify
-
     K, m = program.plan(max_steps, min_steps, per_step_readouts)
     batches = batches_of(calibration) if isinstance(calibration, torch.Tensor) else calibration
     traj = program.trajectories(batches, K)

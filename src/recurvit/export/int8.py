@@ -31,6 +31,8 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
+from ..errors import UserError
+from .deploy import StepProgram, batches_of
 from .steps import MANIFEST
 
 OP_TYPES = ("MatMul", "Gemm")
@@ -64,8 +66,6 @@ def quantize_steps(folder: Union[str, Path], out: Union[str, Path], per_channel:
     weights of the MatMuls, see the module docstring); its manifest records how. Written beside ``out`` and
     renamed, so ``out`` appears whole or not at all."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    from ..errors import UserError
 
     folder, out = Path(folder), Path(out)
     manifest = json.loads((folder / MANIFEST).read_text())
@@ -101,8 +101,6 @@ def quantize_model(path: Union[str, Path], out: Union[str, Path], per_channel: b
     :func:`quantize_steps` quantizes each program, written to the new file ``out``."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from ..errors import UserError
-
     path, out = Path(path), Path(out)
     if out.exists():
         raise UserError(f"{out} exists; choose another OUT")
@@ -131,8 +129,6 @@ def quantization_error(fp32, int8, images: torch.Tensor, labels: Optional[torch.
     bytes of each, :func:`weight_bytes`) and ``per_step``: for k = 1..K the max and mean |logit difference|,
     ``disagreement`` (fraction of images whose argmax differs after step k) and ``state_rel_error`` (mean over
     images of ||z_int8 - z_fp32|| / ||z_fp32||)."""
-    from .deploy import StepProgram, batches_of
-
     a = fp32 if isinstance(fp32, StepProgram) else StepProgram(fp32, threads=threads)
     b = int8 if isinstance(int8, StepProgram) else StepProgram(int8, threads=threads)
     K = a.check_steps(steps)

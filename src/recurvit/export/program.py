@@ -13,6 +13,12 @@ from typing import Any, Dict
 
 import torch
 
+from ..errors import UserError
+from ..run.atomic import atomic_write
+from ..run.checkpoint import check_finite
+from ..run.load import load_model
+from ..run.outputs import claim_file, output_dir, write_by_name
+
 MAX_BATCH = 4096
 TOOLS = {"torch-export": "torch.export", "onnx": "torch.onnx.export"}
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -41,8 +47,6 @@ def read_preprocessing(path: Path) -> Dict[str, Any]:
     ``timm.data.resolve_data_config(args)`` to build the run's own eval transform."""
     import onnx
 
-    from ..errors import UserError
-
     props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
     if ONNX_KEY not in props:
         raise UserError(f"{path} carries no preprocessing (not exported by this recurvit); pass timm's --img-size "
@@ -52,12 +56,6 @@ def read_preprocessing(path: Path) -> Dict[str, Any]:
 
 
 def export_program(run: Path, out: Path, fmt: str = "torch-export") -> Path:
-    from ..errors import UserError
-    from ..run.atomic import atomic_write
-    from ..run.checkpoint import check_finite
-    from ..run.load import load_model
-    from ..run.outputs import claim_file, output_dir, write_by_name
-
     out = Path(out)
     if out.exists():
         raise UserError(f"{out} exists; choose another OUT")

@@ -37,7 +37,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from ..models.cores.base import STEP_INPUT, StepPlan
+from ..errors import UserError
+from ..models.adaptive import has_step_readouts
+from ..models.cores.base import STEP_INPUT, NoStepProgram, StepPlan
+from ..run.checkpoint import check_finite
+from ..run.load import load_model
 from .program import MAX_BATCH, TOOLS, _reason, preprocessing
 
 FORMAT = "recurvit.step-program"
@@ -99,9 +103,6 @@ class _Fused(nn.Module):
 
 def _plan(model) -> StepPlan:
     """The core's step program (``Core.step_program``); UserError, one line, for a core without one."""
-    from ..errors import UserError
-    from ..models.cores.base import NoStepProgram
-
     c = model.cfg
     try:
         return model.core.step_program(model.blocks)
@@ -145,8 +146,6 @@ def fused_pairs(model, plan: StepPlan) -> List[Tuple[int, int]]:
 
 
 def manifest_of(model, plan: StepPlan, fmt: str, files: Dict[str, Any]) -> Dict[str, Any]:
-    from ..models.adaptive import has_step_readouts
-
     c = model.cfg
     outputs = {"embed": list(plan.state) + list(plan.constants), "step": list(plan.state), "readout": ["logits"]}
     if "fused" in files:
@@ -189,8 +188,6 @@ def write_programs(model, out: Path, fmt: str, fused: bool = False) -> Dict[str,
     """Trace the embed, step and readout programs of ``model`` (eval mode, CPU), and with ``fused`` the fused
     step-and-readout programs, into the existing folder ``out`` and write its manifest; returns the manifest. UserError for a core without a step program or a
     model the tracer refuses."""
-    from ..errors import UserError
-
     if any(b.__dict__.get("step_selector") is not None for b in model.blocks):
         raise UserError("a model with per-step LoRA adapters has no shared step program (the block's weights "
                         "differ per step); merge or unroll them first (recurvit.models.adapters.unroll_step_lora)")
@@ -249,8 +246,6 @@ def export_steps(run, out, fmt: str = "onnx", fused: bool = False, **overrides) 
     ``manifest.json``. ``run``: a run directory, a checkpoint, an hf
     export (anything ``recurvit.load_model`` reads) or a model instance. The folder appears whole or not at
     all (written beside OUT, then renamed)."""
-    from ..errors import UserError
-
     out = Path(out)
     if fmt not in SUFFIX:
         raise UserError(f"--steps-program writes onnx or torch-export programs, not {fmt}: add --format onnx")
@@ -264,11 +259,7 @@ def export_steps(run, out, fmt: str = "onnx", fused: bool = False, **overrides) 
     if isinstance(run, nn.Module):
         model = run
     else:
-        import recurvit
-
-        from ..run.checkpoint import check_finite
-
-        model = recurvit.load_model(run, **overrides)
+        model = load_model(run, **overrides)
         check_finite(model, run)
     model = model.cpu().eval()
     _plan(model)  # refuse a core without a step program before any folder is made
