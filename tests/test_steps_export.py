@@ -19,8 +19,10 @@ from recurvit.models.adaptive import forward_adaptive
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 try:
-    import onnxruntime  # noqa: F401
+    import onnx as onnx_lib
+    import onnxruntime
     import onnxscript  # noqa: F401
+    from onnx import numpy_helper
 
     HAS_ONNX = True
 except ImportError:
@@ -303,6 +305,29 @@ def test_int8_programs_store_4x_smaller_matmul_weights_and_agree_on_digits(onnx_
     # the int8 programs run with an early exit as the fp32 ones do
     logits, steps = StepProgram(q, threads=1).adaptive(test_x[:64], 0.9)
     assert logits.shape == (64, 10) and steps.max() <= 3
+
+
+@NEEDS_ONNX
+def test_the_whole_model_onnx_stores_each_shared_weight_once_and_int8_reaches_every_one(tmp_path):
+    """A bViT applies its block T times: the exported file holds the block's weights once (the exporter's own
+    optimizer left one folded copy of a 64 x 64 projection per step), and int8 quantizes all of them."""
+    from recurvit.export.int8 import quantize_model, weight_bytes
+    from recurvit.export.program import export_program
+
+    torch.manual_seed(0)
+    model = recurvit.create_model("bvit_tiny", **{**SHAPE, "embed_dim": 64}, steps=3).eval()
+    path = export_program(model, tmp_path / "bvit.onnx", "onnx")
+    stored = [numpy_helper.to_array(i) for i in onnx_lib.load(str(path)).graph.initializer]
+    held = sum(t.numel() * 4 for t in [*model.parameters(), *model.buffers()])
+    assert sum(a.nbytes for a in stored) <= held
+    assert len({(a.shape, a.tobytes()) for a in stored}) == len(stored)  # no two alike
+    x = images()
+    got = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"images": x.numpy()})[0]
+    assert torch.allclose(torch.from_numpy(got), model(x).detach(), atol=1e-5)
+    q = quantize_model(path, tmp_path / "bvit-int8.onnx")
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    # every Linear's weight (the block's four and the head) once, each with its one-byte zero point
+    assert weight_bytes(q)["int8"] == sum(m.weight.numel() + 1 for m in linears)
 
 
 def test_a_stacks_int8_error_is_reported_per_layer(exported, tmp_path):

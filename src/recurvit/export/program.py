@@ -42,6 +42,22 @@ def preprocessing(model) -> Dict[str, Any]:
     return {**out, "label_names": list(cfg.get("label_names") or [])}
 
 
+def compact_onnx(program) -> None:
+    """Store every weight once in a ``torch.onnx.export`` program (in place). The exporter's optimizer folds a
+    weight's Transpose into a constant only below a size limit and merges equal constants only below another,
+    so in a model that applies one block T times a small weight came out once per application (a bViT of
+    width 64: six copies of the 64 x 64 attention projection, 295 KiB stored for 215 KiB of parameters) and
+    the larger ones stayed behind a Transpose, which onnxruntime's int8 quantizer does not see through.
+    Folding every constant and merging equal ones, without the limits, leaves one initializer a weight, in
+    the layout MatMul reads (tests/test_steps_export.py checks the bytes and the outputs)."""
+    import onnxscript
+    from onnx_ir.passes.common import DeduplicateInitializersPass
+
+    unlimited = 1 << 62
+    onnxscript.optimizer.optimize(program.model, input_size_limit=unlimited, output_size_limit=unlimited)
+    DeduplicateInitializersPass(size_limit=unlimited)(program.model)
+
+
 def read_preprocessing(path: Path) -> Dict[str, Any]:
     """The preprocessing an ONNX file exported by recurvit carries (``metadata_props``): pass it to
     ``timm.data.resolve_data_config(args)`` to build the run's own eval transform."""
@@ -55,7 +71,9 @@ def read_preprocessing(path: Path) -> Dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) and k != "label_names" else v for k, v in data.items()}
 
 
-def export_program(run: Path, out: Path, fmt: str = "torch-export") -> Path:
+def export_program(run, out: Path, fmt: str = "torch-export") -> Path:
+    """``recurvit export RUN --format onnx|torch-export --out OUT``: the whole model at its trained depth, one
+    program. ``run``: anything ``recurvit.load_model`` reads, or a model instance."""
     out = Path(out)
     if out.exists():
         raise UserError(f"{out} exists; choose another OUT")
@@ -65,8 +83,9 @@ def export_program(run: Path, out: Path, fmt: str = "torch-export") -> Path:
             import onnxscript  # noqa: F401  (torch.onnx's exporter needs it)
         except ImportError:
             raise UserError("--format onnx needs the onnx extra: pip install -e '.[onnx]'") from None
-    model = load_model(run).cpu().eval()
-    check_finite(model, run)
+    model = run if isinstance(run, torch.nn.Module) else load_model(run)
+    check_finite(model, "the model" if isinstance(run, torch.nn.Module) else run)
+    model = model.cpu().eval()
     c = model.cfg
     x = torch.zeros(2, c.in_chans, c.img_size, c.img_size)
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
@@ -77,6 +96,7 @@ def export_program(run: Path, out: Path, fmt: str = "torch-export") -> Path:
             if fmt == "onnx":
                 program = torch.onnx.export(model, (x,), None, dynamo=True, dynamic_shapes=({0: batch},),
                                             input_names=["images"], output_names=["logits"])
+                compact_onnx(program)
             else:
                 program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
     except Exception as e:  # noqa: BLE001  (torch.export's failures are many kinds; each is one line here)

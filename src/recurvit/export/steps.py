@@ -42,7 +42,7 @@ from ..models.adaptive import has_step_readouts
 from ..models.cores.base import STEP_INPUT, NoStepProgram, StepPlan
 from ..run.checkpoint import check_finite
 from ..run.load import load_model
-from .program import MAX_BATCH, TOOLS, _reason, preprocessing
+from .program import MAX_BATCH, TOOLS, _reason, compact_onnx, preprocessing
 
 FORMAT = "recurvit.step-program"
 VERSION = 1
@@ -179,6 +179,7 @@ def _trace(module: nn.Module, args: Tuple[torch.Tensor, ...], names: Sequence[st
     if fmt == "onnx":
         program = torch.onnx.export(module, args, None, dynamo=True, dynamic_shapes=dyn,
                                     input_names=list(names), output_names=list(outputs))
+        compact_onnx(program)
         program.save(str(path))
     else:
         torch.export.save(torch.export.export(module, args, dynamic_shapes=dyn), str(path))
