@@ -372,3 +372,24 @@ def test_the_cli_refuses_the_ode_core_and_a_format_without_programs_in_one_line(
                                tmp_path / "ode"], "ode", "has no step program", "torchdiffeq")
     fails_in_one_line(capsys, ["export", run, "--steps-program", "--out", tmp_path / "hf"], "not hf", "--format onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ode.pt"]  # nothing written
+
+
+@NEEDS_ONNX
+def test_the_cli_writes_int8_step_programs_and_an_int8_whole_model(run, tmp_path, capsys):
+    from conftest import fails_in_one_line
+    from recurvit.cli import main
+    from recurvit.export.int8 import weight_bytes
+
+    steps, whole = tmp_path / "steps-int8", tmp_path / "bvit-int8.onnx"
+    assert main(["export", str(run), "--format", "onnx", "--steps-program", "--int8", "--out", str(steps)]) == 0
+    assert main(["export", str(run), "--format", "onnx", "--int8", "--out", str(whole)]) == 0
+    assert json.loads((steps / MANIFEST).read_text())["quantization"]["weight_type"] == "QInt8"
+    assert weight_bytes(steps)["int8"] > 0 and weight_bytes(whole)["int8"] > 0
+    x, model = torch.randn(16, 1, 8, 8), recurvit.load_model(run)
+    got = onnxruntime.InferenceSession(str(whole), providers=["CPUExecutionProvider"]).run(None, {"images": x.numpy()})[0]
+    assert (torch.from_numpy(got).argmax(-1) == model(x).argmax(-1)).float().mean() >= 0.8
+    assert (StepProgram(steps)(x).argmax(-1) == model(x).argmax(-1)).float().mean() >= 0.8
+    fails_in_one_line(capsys, ["export", run, "--format", "torch-export", "--int8", "--out", tmp_path / "x"],
+                      "--int8", "--format onnx")
+    fails_in_one_line(capsys, ["export", run, "--format", "onnx", "--int8", "--out", whole], "exists")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bvit-int8.onnx", "steps-int8"]  # no scratch left

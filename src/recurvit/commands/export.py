@@ -1,8 +1,11 @@
-"""recurvit export RUN --format hf|safetensors|torch-export|onnx --out OUT"""
+"""recurvit export RUN --format hf|safetensors|torch-export|onnx --out OUT [--steps-program [--fused]] [--int8]"""
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
+from ..errors import UserError
 from . import add_out_arg, out_of, print_json
 
 
@@ -28,6 +31,10 @@ def add_parser(sub):
                    help="with --steps-program: also write fused programs, the step and the readout after it in one "
                         "program (outputs: the next state, logits, max-softmax confidence), so a runtime deciding "
                         "an exit after every step makes one call a step")
+    p.add_argument("--int8", action="store_true",
+                   help="with --format onnx: the MatMul weights stored as int8 (onnxruntime's dynamic "
+                        "quantization; LayerNorms, biases, embeddings and the patch convolution stay fp32), of the "
+                        "whole model or of every step program")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     return p
 
@@ -36,6 +43,8 @@ def run(args) -> int:
     from . import load_trained
 
     out_of(args)
+    if args.int8:
+        return _int8(args)
     if args.steps_program:
         return _steps_program(args)
     if args.format in ("torch-export", "onnx"):
@@ -66,4 +75,39 @@ def _steps_program(args) -> int:
         print_json({"run": str(args.run), "format": args.format, "steps_program": True, "files": files})
     else:
         print(f"wrote {args.out}: {', '.join(Path(f).name for f in files)}")
+    return 0
+
+
+def _int8(args) -> int:
+    """The fp32 export written to a scratch folder beside OUT, then quantized into OUT (which appears whole
+    or not at all); the scratch goes either way."""
+    from ..export.int8 import quantize_model, quantize_steps
+    from ..run.outputs import output_dir
+
+    if args.format != "onnx":
+        raise UserError(f"--int8 quantizes ONNX weights, not {args.format}: add --format onnx")
+    final = Path(args.out)
+    if final.exists():
+        raise UserError(f"{final} exists; choose another OUT")
+    output_dir(final.parent, "OUT")
+    scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}-fp32-", dir=final.parent))
+    try:
+        args.out = scratch / final.name
+        if args.steps_program:
+            from ..export.steps import export_steps
+
+            quantize_steps(export_steps(args.run, args.out, "onnx", fused=args.fused), final)
+            files = sorted(str(p) for p in final.iterdir())
+        else:
+            from ..export.program import export_program
+
+            files = [str(quantize_model(export_program(args.run, args.out, "onnx"), final))]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        args.out = final
+    if args.json:
+        print_json({"run": str(args.run), "format": "onnx", "steps_program": args.steps_program, "int8": True,
+                    "files": files})
+    else:
+        print(f"wrote {', '.join(files)} (int8 MatMul weights)")
     return 0
