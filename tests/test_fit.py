@@ -9,12 +9,14 @@ import json
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
 import yaml
 
 from recurvit.config import TrainConfig
 from recurvit.errors import UserError
 from recurvit.tasks.base import Task
 from recurvit.train.fit import fit
+from recurvit.train.loop import Step
 from recurvit.train.optim import build_optimizer, build_scheduler
 
 
@@ -41,6 +43,9 @@ class Brightness(Task):
         self.x = torch.rand(96, 64, generator=g)
         self.val = torch.rand(32, 64, generator=g)
         self.model = nn.Linear(64, 1)  # initialised from the seed the loop set
+        self.device = device
+        # shuffled from the global RNG, which the loop restores on resume
+        self.train_loader = DataLoader(TensorDataset(self.x), batch_size=16, shuffle=True)
         self.steps_per_epoch = len(self.x) // self.cfg.train.batch_size
         self.opt = build_optimizer(self.model, self.cfg.train, device)
         self.sched = build_scheduler(self.opt, self.cfg.train, self.steps_per_epoch)
@@ -48,16 +53,13 @@ class Brightness(Task):
     def _mse(self, x):
         return (self.model(x).squeeze(1) - x.mean(1)).pow(2).mean()
 
-    def train_epoch(self, epoch, env):
-        order, total = torch.randperm(len(self.x)), 0.0  # the global RNG: restored by the loop on resume
-        for i in range(self.steps_per_epoch):
-            loss = self._mse(self.x[order[i * 16:(i + 1) * 16]])
-            self.opt.zero_grad()
-            loss.backward()
-            self.opt.step()
-            self.sched.step()
-            total += loss.item()
-        return {"lr": self.sched.get_last_lr()[0], "train_mse": total / self.steps_per_epoch, "seconds": 0.0}
+    def train_step(self, batch, amp):
+        (x,) = batch
+        loss = self._mse(x)
+        return Step(loss, len(x), {"loss": loss.detach()})
+
+    def epoch_metrics(self, totals, seconds):
+        return {"lr": self.sched.get_last_lr()[0], "train_mse": totals.mean("loss"), "seconds": 0.0}
 
     def evaluate(self, env):
         with torch.no_grad():

@@ -463,16 +463,16 @@ def test_a_bare_resume_never_trains_the_default_config(tmp_path, capsys, monkeyp
     assert res.returncode == 2 and "stopped before it wrote its config.yaml" in res.stderr, res.stderr
     assert sorted(p.name for p in empty.iterdir()) == [".lock"]
     # the config is on disk while epoch 1 trains, so a run killed there resumes as itself
-    import recurvit.tasks.classify.task as loop
+    import recurvit.train.fit as loop
 
     seen = {}
-    real = loop.train_one_epoch
+    real = loop.train_epoch
 
     def spy(*a, **kw):
         seen.setdefault("config", (tmp_path / "r" / "config.yaml").read_text())
         return real(*a, **kw)
 
-    monkeypatch.setattr(loop, "train_one_epoch", spy)
+    monkeypatch.setattr(loop, "train_epoch", spy)
     assert run_main("train", "model.name=vit_tiny", "model.depth=2", *TINY[:2], "train.epochs=1",
                     "--out", tmp_path / "r", capsys=capsys).returncode == 0
     assert yaml.safe_load(seen["config"])["model"]["name"] == "vit_tiny"

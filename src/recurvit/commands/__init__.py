@@ -96,15 +96,16 @@ def load_trained(path, **options):
     return load(path, **options)
 
 
-def open_trained(args, **options):
+def open_trained(args, loaded=None, **options):
     """(model on its device, config, device, test loader, data info) of the classifier a command reads (a run
     directory, a checkpoint or an exported model): its weights (``options``: core options to run it with;
-    NaN weights refused), ``--data-root`` applied, the device of ``--device`` and the run's test split."""
+    NaN weights refused), ``--data-root`` applied, the device of ``--device`` and the run's test split.
+    ``loaded``: the run as :func:`load_trained` already read it (not read again)."""
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.loaders import build_test_loader
 
-    loaded = load_trained(args.run, **options).classifier(args.run)
+    loaded = (loaded if loaded is not None else load_trained(args.run, **options)).classifier(args.run)
     if loaded.checkpoint is None and not (loaded.data_record or {}).get("name"):
         raise UserError(f"{args.run} does not say which data set its model was trained on; evaluate the run "
                         "directory it came from")

@@ -42,7 +42,7 @@ def run(args) -> int:
     loaded = load_trained(args.run)
     if loaded.config.data.name == "mazes":  # the dense task (its data chooses it)
         return _mazes(args, loaded)
-    model, cfg, device, test_loader, info = open_trained(args)
+    model, cfg, device, test_loader, info = open_trained(args, loaded)
     out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))  # before the work
     T = model.nominal_steps
     K = args.steps or 16 * T

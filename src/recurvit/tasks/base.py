@@ -18,8 +18,13 @@ A task is one folder in ``tasks/`` (its task, evaluators and study view) plus on
   restored by the loop); ``extra_state(env)``: what the task adds to ``last.pt``.
 - ``prepare_training(env, device, log, force)``: what wraps the model once its weights are final
   (compilation, activation checkpointing, DDP, memory checks); ``header(env, device)``: one line.
-- ``start_epoch(epoch)``, ``train_epoch(epoch, env)`` (the metrics of one pass), ``evaluate(env)``
-  (the figures of an evaluation epoch), ``epoch_line(metrics)``.
+- ``start_epoch(epoch)``; ``train_step(batch, amp)``: one batch's loss and figures
+  (:class:`recurvit.train.loop.Step`; ``amp()`` is the autocast context to run the forward under), which the
+  loop's batch loop (:func:`recurvit.train.loop.train_epoch`) steps, sums, reduces and checks;
+  ``epoch_metrics(totals, seconds)``: the metrics of one pass from its sums; ``progress(totals)``: the
+  figures the progress bar and ``train.log_every`` lines show; ``batch_guard(epoch)``: a callable the loop
+  calls after each of the first two batches (a time guard), or None.
+- ``evaluate(env)`` (the figures of an evaluation epoch), ``epoch_line(metrics)``.
 - ``score(metrics, last)``: the figure best.pt is judged by (higher is better; None: no best.pt
   this epoch; a task without a validation split returns None and writes no best.pt, so nothing
   is ever chosen on the test split), ``best_files(record, metrics)``: the files a new best writes.
@@ -102,8 +107,19 @@ class Task:
     def start_epoch(self, epoch: int) -> None:
         return None
 
-    def train_epoch(self, epoch: int, env) -> Dict[str, Any]:
+    def train_step(self, batch, amp):
+        """One batch: a :class:`recurvit.train.loop.Step` (the loss to minimise, the batch's figures)."""
         raise NotImplementedError
+
+    def epoch_metrics(self, totals, seconds: float) -> Dict[str, Any]:
+        return {"lr": self.sched.get_last_lr()[0], "train_loss": totals.mean("loss"),
+                "img_per_s": totals.n / seconds, "seconds": seconds}
+
+    def progress(self, totals) -> Dict[str, str]:
+        return {"loss": f"{totals.mean('loss'):.4f}"}
+
+    def batch_guard(self, epoch: int):
+        return None
 
     def evaluate(self, env) -> Dict[str, Any]:
         return {}

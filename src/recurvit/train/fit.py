@@ -13,6 +13,8 @@ What the loop owns, for every task alike:
   optimizer, schedule and RNG are restored, metric lines past the checkpoint are dropped;
 - processes: under torchrun every rank calls ``fit`` (the task's loaders shard by the
   :class:`~recurvit.run.distributed.DistEnv` it is given), rank 0 alone writes and logs;
+- the batch loop (:mod:`recurvit.train.loop`: the task gives one step, the loop steps the optimizer,
+  sums, reduces and checks the figures);
 - TensorBoard (a copy of each metrics line), divergence, out-of-memory and full-disk messages, and
   ``stop_after=k``: end after epoch k as an interruption would (a later resume continues it).
 
@@ -34,6 +36,7 @@ from ..run.device import pick_device, seed_everything
 from ..run.progress import quiet
 from ..run.rundir import RunDir, open_run
 from .checks import Diverged, how_to_go_on
+from .loop import train_epoch
 from .optim import follow_config
 from .resume import check_resume
 from .tensorboard import EpochWriter
@@ -122,7 +125,7 @@ def _fit(task, run: RunDir, resume: bool, log, stop_after: Optional[int], env: d
     for epoch in range(start_epoch, tc.epochs):
         task.start_epoch(epoch)
         c0 = time.process_time()
-        m = task.train_epoch(epoch, env)
+        m = train_epoch(task, epoch, env, log)
         cpu += time.process_time() - c0  # this process's CPU time: robust to other jobs on a shared machine
         elapsed += m["seconds"]
         metrics = {"epoch": epoch + 1, **m}

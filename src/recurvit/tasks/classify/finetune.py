@@ -217,8 +217,8 @@ class FinetuneTask(ClassifyTask):
     def extra_state(self, env):
         return {**super().extra_state(env), **({"adapter": self.spec} if self.spec is not None else {})}
 
-    def train_epoch(self, epoch, env):
-        return {**super().train_epoch(epoch, env), "trainable_params": self.counts["trainable_params"]}
+    def epoch_metrics(self, totals, seconds):
+        return {**super().epoch_metrics(totals, seconds), "trainable_params": self.counts["trainable_params"]}
 
     def score(self, metrics, last):
         # best.pt: the weights to use, in their deployable form: the epoch chosen on the validation split

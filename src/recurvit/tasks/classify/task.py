@@ -9,7 +9,6 @@ global batch, sample order, rank-0 I/O); ``train.compile=true`` compiles each bl
 recomputes every block application in backward; bf16 autocast is on by default on CUDA, AdamW fused there."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Optional
 
@@ -28,10 +27,11 @@ from ...run.device import autocast
 from ...run.loaders import build_loaders, build_val_loader, resolve_model_config, set_epoch
 from ...run.preprocessing import data_record
 from ...run.progress import bar_options
-from ...train.checks import Diverged, check_train_config, out_of_memory
+from ...train.checks import check_train_config, out_of_memory
 from ...train.fit import fit
+from ...train.loop import Step, train_epoch
 from ...train.losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
-from ...train.optim import build_optimizer, build_scheduler, optimizer_step
+from ...train.optim import build_optimizer, build_scheduler
 from ..base import Task, data_task
 
 
@@ -82,71 +82,15 @@ class StepsForward(nn.Module):
 
 def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: DepthSampler,
                     batch_transform=None, epoch: int = 0, forward: Optional[Callable] = None,
-                    env: dist_io.DistEnv = dist_io.SINGLE, log: Optional[Callable] = None,
-                    after_batch: Optional[Callable[[int, float], None]] = None) -> Dict[str, float]:
-    """One pass over ``loader``. ``forward`` (default ``model.forward_steps``) is the DDP-wrapped
-    forward under several processes; the returned figures are then sums over all ranks. With
-    ``train.log_every=N``, ``log`` gets a line every N batches; ``after_batch(i, seconds so far)`` is
-    called after each of the first two batches (the time guard of a new run)."""
-    model.train()
-    forward = model.forward_steps if forward is None else forward
-    tc = cfg.train
-    weights = stage_weights(tc.supervision.weights, tc.supervision.stages if tc.supervision.stages > 1 else 1)
-    n, loss_sum, correct, t0 = 0, 0.0, 0, time.perf_counter()
-    stage_sums, stage_n = [], []  # deep supervision: each readout's loss (summed x batch) and images
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False, **bar_options(tc.progress and env.is_main))
-    for i, (x, y) in enumerate(bar, 1):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        target = y
-        if batch_transform is not None:
-            x, target = batch_transform(x, y)
-        k = depth()
-        at = readout_steps(k, tc.supervision.stages)
-        w = weights if len(at) == len(weights) else stage_weights(tc.supervision.weights, len(at))
-        with autocast(device, tc.amp):
-            logits_at = forward(x, steps=k, at=at, grad_last=tc.depth.truncate or None)
-        loss = supervised_loss(logits_at, target, w, tc.label_smoothing)
-        b = len(y)
-        stages = _stage_losses(logits_at, target, tc.label_smoothing) if len(at) > 1 else []
-        hard = target.argmax(-1) if target.ndim == 2 else target
-        if env.enabled:  # global figures of this step; every rank sees the same (divergence stops all)
-            step_loss, step_correct, step_n, *stages = env.all_reduce_sum(
-                [loss.detach() * b, (logits_at[-1].argmax(-1) == hard).sum(), b, *(s * b for s in stages)], device)
-            step_loss /= max(step_n, 1)
-            stages = [s / max(step_n, 1) for s in stages]
-        else:
-            step_loss, step_correct, step_n = None, None, b
-        if not torch.isfinite(loss if step_loss is None else torch.tensor(step_loss)):
-            value = loss.item() if step_loss is None else step_loss
-            raise Diverged(value, epoch + 1, tc)
-        optimizer_step(model, opt, sched, loss, tc.grad_clip)
-        if after_batch is not None and i <= 2:  # (before the stage loop below reuses the name i)
-            after_batch(i, time.perf_counter() - t0)
-        if step_loss is None:
-            n += b
-            loss_sum += loss.item() * b
-            correct += (logits_at[-1].argmax(-1) == hard).sum().item()
-        else:
-            n += int(round(step_n))
-            loss_sum += step_loss * step_n
-            correct += int(round(step_correct))
-        for i, s in enumerate(stages):
-            if i == len(stage_sums):
-                stage_sums.append(0.0)
-                stage_n.append(0)
-            stage_sums[i] += float(s) * step_n
-            stage_n[i] += step_n
-        bar.set_postfix(loss=f"{loss_sum / n:.3f}", acc=f"{correct / n:.3f}",
-                        img_s=f"{n / (time.perf_counter() - t0):.0f}")
-        if tc.log_every and i % tc.log_every == 0 and env.is_main and log is not None:  # timm's cluster-log lines
-            log(f"Train: {epoch + 1} [{i:>{len(str(len(loader)))}}/{len(loader)} ({100 * i / len(loader):.0f}%)]  "
-                f"loss {loss_sum / n:.4f}  acc {correct / n:.4f}  lr {sched.get_last_lr()[0]:.3g}  "
-                f"{n / (time.perf_counter() - t0):.0f} img/s")
-    secs = time.perf_counter() - t0
-    out = {"train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1), "img_per_s": n / secs, "seconds": secs}
-    if stage_sums:  # the unweighted loss of each readout, earliest first (a new key: runs without stages lack it)
-        out["train_stage_losses"] = [s / max(k, 1) for s, k in zip(stage_sums, stage_n)]
-    return out
+                    env: dist_io.DistEnv = dist_io.SINGLE, log: Optional[Callable] = None) -> Dict[str, float]:
+    """One pass of classification over ``loader`` through the one batch loop (:func:`recurvit.train.loop.
+    train_epoch`), for a model, optimizer and schedule built outside a run. ``forward`` (default
+    ``model.forward_steps``) is the DDP-wrapped forward under several processes; the returned figures are
+    then sums over all ranks. With ``train.log_every=N``, ``log`` gets a line every N batches."""
+    task = ClassifyTask(cfg)
+    task.model, task.opt, task.sched, task.device, task.depth = model, opt, sched, device, depth
+    task.train_loader, task.batch_transform, task.forward, task.time_guard = loader, batch_transform, forward, None
+    return train_epoch(task, epoch, env, log)
 
 
 @torch.no_grad()
@@ -303,12 +247,40 @@ class ClassifyTask(Task):
     def start_epoch(self, epoch):
         set_epoch(self.train_loader, self.cfg.train.seed * 100_003 + epoch)  # the shuffle depends on (seed, epoch) only
 
-    def train_epoch(self, epoch, env):
+    def batch_guard(self, epoch):
         watch, self.time_guard = getattr(self, "time_guard", None), None  # the first epoch this process trains
-        m = train_one_epoch(self.model, self.train_loader, self.opt, self.sched, self.device, self.cfg, self.depth,
-                            self.batch_transform, epoch, forward=self.forward, env=env, log=self.log,
-                            after_batch=watch and watch(epoch))
-        return {"lr": self.sched.get_last_lr()[0], **m}
+        return watch and watch(epoch)
+
+    def train_step(self, batch, amp):
+        """The deep-supervised cross-entropy of one batch at a drawn depth (MixUp / CutMix first, if set)."""
+        tc = self.cfg.train
+        x, y = batch[0].to(self.device, non_blocking=True), batch[1].to(self.device, non_blocking=True)
+        target = y
+        if self.batch_transform is not None:
+            x, target = self.batch_transform(x, y)
+        k = self.depth()
+        at = readout_steps(k, tc.supervision.stages)
+        w = stage_weights(tc.supervision.weights, len(at))
+        forward = self.model.forward_steps if self.forward is None else self.forward
+        with amp():
+            logits_at = forward(x, steps=k, at=at, grad_last=tc.depth.truncate or None)
+        loss = supervised_loss(logits_at, target, w, tc.label_smoothing)
+        hard = target.argmax(-1) if target.ndim == 2 else target
+        means = {"loss": loss.detach()}
+        if len(at) > 1:  # deep supervision: each readout's unweighted loss
+            means["stages"] = _stage_losses(logits_at, target, tc.label_smoothing)
+        return Step(loss, len(y), means, {"correct": (logits_at[-1].argmax(-1) == hard).sum()})
+
+    def progress(self, totals):
+        return {"loss": f"{totals.mean('loss'):.4f}", "acc": f"{totals.total('correct') / max(totals.n, 1):.4f}"}
+
+    def epoch_metrics(self, totals, seconds):
+        out = {"lr": self.sched.get_last_lr()[0], "train_loss": totals.mean("loss"),
+               "train_acc": totals.total("correct") / max(totals.n, 1), "img_per_s": totals.n / seconds,
+               "seconds": seconds}
+        if "stages" in totals.sums:  # the unweighted loss of each readout, earliest first (runs without stages lack it)
+            out["train_stage_losses"] = totals.means("stages")
+        return out
 
     def evaluate(self, env):
         out, amp = {}, self.cfg.train.amp

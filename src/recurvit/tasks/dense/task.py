@@ -19,29 +19,26 @@ classification's (:class:`~recurvit.tasks.classify.ClassifyTask`), which this ta
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from ...config import RunConfig
 from ...errors import UserError
 from ...run import checkpoint as ckpt_io, distributed as dist_io
 from ...run.device import autocast
 from ...run.loaders import build_loaders, resolve_model_config
-from ...run.progress import bar_options
-from ...train.checks import Diverged, check_train_config
+from ...train.checks import check_train_config
 from ...train.fit import fit
+from ...train.loop import Step
 from ...train.losses import (progressive_draw, progressive_logits, progressive_mix, readout_steps, stage_weights,
     supervised_loss)
 from ...data.datasets import DENSE, dense_target
 from ...data.mazes import maze_pixels, maze_test_sets
-from ...train.optim import optimizer_step
 from ..base import DATA_TASKS
 from ..classify.task import ClassifyTask
 
@@ -90,54 +87,6 @@ class DenseForward(nn.Module):
         logits_at = self.model.forward_steps(x, steps=steps, at=at, grad_last=grad_last) if full else None
         prog = progressive_logits(self.model, x, *progressive) if progressive is not None else None
         return logits_at, prog
-
-
-def train_one_epoch_dense(model: nn.Module, loader: DataLoader, opt, sched, device: torch.device, cfg: RunConfig,
-                          depth, epoch: int = 0, forward: Optional[Callable] = None,
-                          env: dist_io.DistEnv = dist_io.SINGLE, generator: Optional[torch.Generator] = None,
-                          log: Optional[Callable] = None) -> Dict[str, float]:
-    """One pass over ``loader``; the figures are of the readout at the drawn depth (of the progressive
-    readout when alpha = 1: the full depth is then not run). ``generator``: where the progressive
-    draws come from (one alike on every rank under DDP; None: the global RNG)."""
-    model.train()
-    forward = DenseForward(model) if forward is None else forward
-    tc = cfg.train
-    alpha = tc.depth.progressive
-    sums = {"loss": 0.0, "correct": 0, "pixels": 0, "solved": 0, "n": 0}
-    t0 = time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False, **bar_options(tc.progress and env.is_main))
-    for i, (x, y) in enumerate(bar, 1):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        k = depth()
-        at = readout_steps(k, tc.supervision.stages)
-        w = stage_weights(tc.supervision.weights, len(at))
-        prog = progressive_draw(k, generator) if alpha > 0 else None
-        with autocast(device, tc.amp):
-            logits_at, prog_logits = forward(x, steps=k, at=at, grad_last=tc.depth.truncate or None,
-                                             progressive=prog, full=alpha < 1)
-        full_loss = supervised_loss(logits_at, y, w, tc.label_smoothing) if logits_at is not None else None
-        prog_loss = F.cross_entropy(prog_logits.float(), y, label_smoothing=tc.label_smoothing) if prog is not None else None
-        loss = progressive_mix(full_loss, prog_loss, alpha)
-        c = dense_counts(logits_at[-1] if logits_at is not None else prog_logits, y)
-        figures = [loss.detach() * len(y), c["correct"], c["pixels"], c["solved"], c["n"]]
-        if env.enabled:  # global figures of this step; every rank sees the same (divergence stops all)
-            figures = env.all_reduce_sum(figures, device)
-        figures = [float(v) for v in figures]
-        if not torch.isfinite(torch.tensor(figures[0])):
-            raise Diverged(figures[0] / max(figures[-1], 1), epoch + 1, tc)
-        optimizer_step(model, opt, sched, loss, tc.grad_clip)
-        for key, v in zip(sums, figures):
-            sums[key] += v
-        n = max(sums["n"], 1)
-        bar.set_postfix(loss=f"{sums['loss'] / n:.3f}", solved=f"{sums['solved'] / n:.3f}")
-        if tc.log_every and i % tc.log_every == 0 and env.is_main and log is not None:
-            log(f"Train: {epoch + 1} [{i:>{len(str(len(loader)))}}/{len(loader)}]  loss {sums['loss'] / n:.4f}  "
-                f"acc {sums['correct'] / max(sums['pixels'], 1):.4f}  solved {sums['solved'] / n:.4f}  "
-                f"lr {sched.get_last_lr()[0]:.3g}")
-    secs = time.perf_counter() - t0
-    n = max(sums["n"], 1)
-    return {"train_loss": sums["loss"] / n, "train_acc": sums["correct"] / max(sums["pixels"], 1),
-            "train_solved": sums["solved"] / n, "img_per_s": sums["n"] / secs, "seconds": secs}
 
 
 # ------------------------------------------------------------------------------------ the task
@@ -221,11 +170,40 @@ class DenseTask(ClassifyTask):
         super().start_epoch(epoch)
         self.epoch = epoch
 
-    def train_epoch(self, epoch, env):
-        m = train_one_epoch_dense(self.model, self.train_loader, self.opt, self.sched, self.device, self.cfg,
-                                  self.depth, epoch, forward=self.forward, env=env, generator=self.prog_gen,
-                                  log=self.log)
-        return {"lr": self.sched.get_last_lr()[0], **m}
+    def batch_guard(self, epoch):
+        return None  # classification's first-batches time guard describes patches; a maze run has none yet
+
+    def train_step(self, batch, amp):
+        """The per-pixel loss of one batch at a drawn depth, mixed with the progressive loss (alpha =
+        ``train.depth.progressive``; its (n, k) drawn from the task's own generator); the figures are of the
+        readout at the drawn depth (of the progressive readout when alpha = 1: the full depth is then not run)."""
+        tc = self.cfg.train
+        alpha = tc.depth.progressive
+        forward = DenseForward(self.model) if self.forward is None else self.forward
+        x, y = batch[0].to(self.device, non_blocking=True), batch[1].to(self.device, non_blocking=True)
+        k = self.depth()
+        at = readout_steps(k, tc.supervision.stages)
+        w = stage_weights(tc.supervision.weights, len(at))
+        prog = progressive_draw(k, self.prog_gen) if alpha > 0 else None
+        with amp():
+            logits_at, prog_logits = forward(x, steps=k, at=at, grad_last=tc.depth.truncate or None,
+                                             progressive=prog, full=alpha < 1)
+        full_loss = supervised_loss(logits_at, y, w, tc.label_smoothing) if logits_at is not None else None
+        prog_loss = F.cross_entropy(prog_logits.float(), y, label_smoothing=tc.label_smoothing) if prog is not None else None
+        loss = progressive_mix(full_loss, prog_loss, alpha)
+        c = dense_counts(logits_at[-1] if logits_at is not None else prog_logits, y)
+        return Step(loss, len(y), {"loss": loss.detach()},
+                    {"correct": c["correct"], "pixels": c["pixels"], "solved": c["solved"]})
+
+    def progress(self, totals):
+        return {"loss": f"{totals.mean('loss'):.4f}", "acc": f"{totals.total('correct') / max(totals.total('pixels'), 1):.4f}",
+                "solved": f"{totals.total('solved') / max(totals.n, 1):.4f}"}
+
+    def epoch_metrics(self, totals, seconds):
+        return {"lr": self.sched.get_last_lr()[0], "train_loss": totals.mean("loss"),
+                "train_acc": totals.total("correct") / max(totals.total("pixels"), 1),
+                "train_solved": totals.total("solved") / max(totals.n, 1), "img_per_s": totals.n / seconds,
+                "seconds": seconds}
 
     def evaluate(self, env):
         amp, out = self.cfg.train.amp, {}

@@ -73,6 +73,7 @@ class VAETrainConfig(OptimConfig):  # the optimizer schema every task shares, wi
     threads: int = 0  # CPU threads for torch (0: torch's default)
     eval_every: int = 1  # epochs between test evaluations
     progress: bool = True  # tqdm bars
+    log_every: int = 0  # > 0: a `Train: epoch [i/N]` log line every N batches (cluster logs); 0: none
     tensorboard: bool = False  # also write TensorBoard event files in RUN/tb (needs the [tb] extra)
 
 

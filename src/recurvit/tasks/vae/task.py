@@ -14,7 +14,6 @@ stage trains in one process only.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, Optional
@@ -22,15 +21,12 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, RandomSampler
-from tqdm.auto import tqdm
 
 from ...errors import UserError
 from ...run import checkpoint as ckpt_io, distributed as dist_io
-from ...run.device import autocast
-from ...run.progress import bar_options
-from ...train.checks import Diverged
 from ...train.fit import fit
-from ...train.optim import build_optimizer, build_scheduler, optimizer_step
+from ...train.loop import Step
+from ...train.optim import build_optimizer, build_scheduler
 from ...train.tensorboard import require_tensorboard
 from ..base import Task
 from .config import VAERunConfig, as_dict, config_from_dict, to_yaml
@@ -161,11 +157,50 @@ class VAETask(Task):
             self.train_set.set_epoch(epoch)
         self.gen.manual_seed(self.cfg.train.seed * 100_003 + epoch)  # the shuffle depends on (seed, epoch) only
 
-    def train_epoch(self, epoch, env):
-        m, self.step = _train_one_epoch(self.forward, self.model, self.train_loader, self.opt, self.sched, self.device,
-                                        self.cfg, epoch, self.step, self.lpips, self.disc, self.dopt, env)
+    def train_step(self, batch, amp):
+        """Reconstruction + KL (+ LPIPS, + the generator's hinge loss once the adversarial stage is on) of one
+        batch; the discriminator's own step runs after the model's (``Step.after``)."""
+        tc, disc = self.cfg.train, self.disc
+        x = batch.to(self.device, non_blocking=True)
+        adv_on = disc is not None and self.step >= tc.adv.start_step
+        with amp():
+            xr, kl = self.forward(x)
+        xr = xr.float()
+        rec = recon_loss(xr, x, tc.recon)
+        kl = kl.float()
+        loss = rec + tc.kl_weight * kl / x[0].numel()
+        means = {"loss": loss.detach(), "recon": rec.detach(), "kl": kl.detach()}
+        if self.lpips is not None:
+            lp = self.lpips(xr, x).mean()
+            means["lpips"] = lp.detach()
+            loss = loss + tc.perceptual_weight * lp
+            means["loss"] = loss.detach()
+        if adv_on:
+            disc.requires_grad_(False)
+            g = g_hinge_loss(disc(xr))
+            disc.requires_grad_(True)
+            means["g_adv"] = g.detach()
+            loss = loss + tc.adv.weight * g
+            means["loss"] = loss.detach()
+        self.step += 1
+
+        def discriminator_step():
+            d = d_hinge_loss(disc(x), disc(xr.detach()))
+            self.dopt.zero_grad(set_to_none=True)
+            d.backward()
+            self.dopt.step()
+            return {"d_loss": d.item()}
+
+        return Step(loss, len(x), means, after=discriminator_step if adv_on else None)
+
+    def progress(self, totals):
+        return {"loss": f"{totals.mean('loss'):.4f}"}
+
+    def epoch_metrics(self, totals, seconds):
         b = self.baseline
-        return {"step": self.step, "lr": self.sched.get_last_lr()[0], **m, "baseline_psnr": b["psnr"],
+        shown = ["loss", "recon", "kl"] + ["lpips"] * (self.lpips is not None) + ["g_adv", "d_loss"] * (self.disc is not None)
+        return {"step": self.step, "lr": self.sched.get_last_lr()[0], **{f"train_{k}": totals.mean(k) for k in shown},
+                "img_per_s": totals.n / seconds, "seconds": seconds, "baseline_psnr": b["psnr"],
                 "baseline_oracle_psnr": b["oracle_psnr"]}
 
     def evaluate(self, env):
@@ -188,60 +223,3 @@ def train_vae(cfg: VAERunConfig, out: Path, resume: bool = False, log: Callable 
 
     ``stop_after=k`` stops after epoch k as an interruption would (the run can be resumed)."""
     return fit(VAETask(cfg), out, resume=resume, log=log, stop_after=stop_after)
-
-
-def _train_one_epoch(forward, model, loader, opt, sched, device, cfg: VAERunConfig, epoch: int, step: int,
-                     lpips: Optional[nn.Module], disc: Optional[nn.Module], dopt,
-                     env: dist_io.DistEnv = dist_io.SINGLE) -> tuple:
-    """One pass over ``loader``; ``forward`` gives (reconstruction, KL) (the DDP module under
-    several processes). Returns (the epoch's figures, the global step count)."""
-    model.train()
-    tc = cfg.train
-    sums = {"loss": 0.0, "recon": 0.0, "kl": 0.0, "lpips": 0.0, "g_adv": 0.0, "d_loss": 0.0}
-    n, t0 = 0, time.perf_counter()
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{tc.epochs}", leave=False, **bar_options(tc.progress and env.is_main))
-    for x in bar:
-        x = x.to(device, non_blocking=True)
-        adv_on = disc is not None and step >= tc.adv.start_step
-        with autocast(device, tc.amp):
-            xr, kl = forward(x)
-        xr = xr.float()
-        rec = recon_loss(xr, x, tc.recon)
-        kl = kl.float()
-        loss = rec + tc.kl_weight * kl / x[0].numel()
-        terms = {}
-        if lpips is not None:
-            terms["lpips"] = lpips(xr, x).mean()
-            loss = loss + tc.perceptual_weight * terms["lpips"]
-        if adv_on:
-            disc.requires_grad_(False)
-            terms["g_adv"] = g_hinge_loss(disc(xr))
-            disc.requires_grad_(True)
-            loss = loss + tc.adv.weight * terms["g_adv"]
-        b = len(x)
-        figures = {"loss": loss.detach(), "recon": rec.detach(), "kl": kl.detach(), **{k: v.detach() for k, v in terms.items()}}
-        if env.enabled:  # global figures of this step; every rank sees the same (divergence stops all)
-            *values, b = env.all_reduce_sum([v * b for v in figures.values()] + [b], device)
-            b = int(round(b))
-            figures = {k: v / max(b, 1) for k, v in zip(figures, values)}
-        else:
-            figures = {k: v.item() for k, v in figures.items()}
-        if not torch.isfinite(torch.tensor(figures["loss"])):
-            raise Diverged(figures["loss"], epoch + 1, tc)
-        optimizer_step(model, opt, sched, loss, tc.grad_clip)
-        if adv_on:
-            d = d_hinge_loss(disc(x), disc(xr.detach()))
-            dopt.zero_grad(set_to_none=True)
-            d.backward()
-            dopt.step()
-            figures["d_loss"] = d.item()
-        step += 1
-        n += b
-        for k, v in figures.items():
-            sums[k] += v * b
-        bar.set_postfix(loss=f"{sums['loss'] / n:.4f}", img_s=f"{n / (time.perf_counter() - t0):.0f}")
-    secs = time.perf_counter() - t0
-    m = {f"train_{k}": v / max(n, 1) for k, v in sums.items()
-         if k in ("loss", "recon", "kl") or (k == "lpips" and lpips is not None) or (k in ("g_adv", "d_loss") and disc is not None)}
-    m.update(img_per_s=n / secs, seconds=secs)
-    return m, step
