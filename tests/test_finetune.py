@@ -123,7 +123,7 @@ def test_step_lora_on_ode_selects_by_interval():
     prepare(m, "step_lora", rank=1)
     seen = []
     layer = m.blocks[0].attn.qkv
-    h = layer.register_forward_pre_hook(lambda mod, args: seen.append(mod.selector.index))
+    h = layer.register_forward_pre_hook(lambda mod, args: seen.append(mod.index(args[1])))
     with torch.no_grad():
         m(torch.randn(2, 3, 16, 16))
         m(torch.randn(2, 3, 16, 16))  # the counter restarts every forward pass

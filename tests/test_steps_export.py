@@ -393,3 +393,18 @@ def test_the_cli_writes_int8_step_programs_and_an_int8_whole_model(run, tmp_path
                       "--int8", "--format onnx")
     fails_in_one_line(capsys, ["export", run, "--format", "onnx", "--int8", "--out", whole], "exists")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bvit-int8.onnx", "steps-int8"]  # no scratch left
+
+
+def test_a_model_with_per_step_adapters_is_refused_and_one_shared_adapter_is_not(tmp_path):
+    """Step-LoRA makes the block's weights differ per step: no ONE step program holds them."""
+    from recurvit.errors import UserError
+    from recurvit.models.adapters import adapter_spec, attach_adapters
+
+    model = build("recurrent")
+    attach_adapters(model, adapter_spec(model, "step_lora", rank=2))
+    with pytest.raises(UserError, match="per-step LoRA"):
+        export_steps(model, tmp_path / "step-lora", "torch-export")
+    shared = build("recurrent")
+    attach_adapters(shared, adapter_spec(shared, "lora", rank=2))
+    export_steps(shared, tmp_path / "lora", "torch-export")  # one adapter for every step: one program
+    torch.testing.assert_close(StepProgram(tmp_path / "lora")(images()), shared(images()), rtol=1e-4, atol=1e-5)

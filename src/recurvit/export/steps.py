@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import UserError
+from ..layers.lora import lora_layers
 from ..models.adaptive import has_step_readouts
 from ..models.cores.base import STEP_INPUT, NoStepProgram, StepPlan
 from ..run.checkpoint import check_finite
@@ -189,7 +190,7 @@ def write_programs(model, out: Path, fmt: str, fused: bool = False) -> Dict[str,
     """Trace the embed, step and readout programs of ``model`` (eval mode, CPU), and with ``fused`` the fused
     step-and-readout programs, into the existing folder ``out`` and write its manifest; returns the manifest. UserError for a core without a step program or a
     model the tracer refuses."""
-    if any(b.__dict__.get("step_selector") is not None for b in model.blocks):
+    if any(m.num_adapters > 1 for m in lora_layers(model)):
         raise UserError("a model with per-step LoRA adapters has no shared step program (the block's weights "
                         "differ per step); merge or unroll them first (recurvit.models.adapters.unroll_step_lora)")
     plan = _plan(model)

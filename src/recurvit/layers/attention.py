@@ -1,9 +1,13 @@
 """Multi-head self-attention through F.scaled_dot_product_attention (timm key names)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .lora import linear
 
 
 class Attention(nn.Module):
@@ -19,14 +23,14 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (B, N, C) -> (B, N, C)."""
+    def forward(self, x: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
+        """x: (B, N, C) -> (B, N, C); ``step``: the block's step, for per-step adapters (layers/lora.py)."""
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkv = linear(self.qkv, x, step).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, heads, N, head_dim)
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
         x = x.transpose(1, 2).reshape(B, N, C)  # (B, N, heads * head_dim)
-        return self.proj_drop(self.proj(x))
+        return self.proj_drop(linear(self.proj, x, step))
 
     def attention_weights(self, x: torch.Tensor) -> torch.Tensor:
         """Explicit softmax(q k^T / sqrt(d)) for analysis: (B, heads, N, N). Not used in forward."""

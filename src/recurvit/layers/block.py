@@ -28,11 +28,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
         """``step``: the 1-based step of the core this application belongs to, told by the core (so a
-        recomputation under activation checkpointing is told the same step); per-step adapters read
-        it through ``self.step_selector`` (layers/lora.py)."""
-        selector = self.__dict__.get("step_selector")
-        if selector is not None and step is not None:
-            selector.step = int(step)
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        recomputation under activation checkpointing is told the same step); passed on to the attention and
+        the MLP, whose per-step adapters pick theirs by it (layers/lora.py)."""
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), step)))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x), step)))
         return x

@@ -8,12 +8,12 @@ n = 1 (``lora``) the adapter is shared by every call of the layer; with n = T (`
 i of the shared block uses adapter ``selector.index`` -- a step-dependent computation for
 n * r * (in + out) extra parameters per layer.
 
-Which adapter a call uses is decided by a ``StepSelector``: a plain object (not a Module) that
-every LoRALinear of a model shares. The core tells the shared block which step it runs
-(``block(z, step=k)``, layers/block.py), the block sets ``selector.step`` before its layers run,
-and ``index = min(step - 1, n - 1)``: past the trained steps the last adapter is reused (as the
-step conditioning does). Since the step is an argument of the block call, a recomputation under
-activation checkpointing is told the same step and uses the same adapter.
+Which adapter a call uses is an argument: the core tells the shared block which step it runs
+(``block(z, step=k)``, layers/block.py), the block passes the step to its attention and MLP, and they
+to their layers (:func:`linear`); adapter ``index = min(step - 1, n - 1)``: past the trained steps the
+last adapter is reused (as the step conditioning does), and a call without a step uses adapter 0. No
+module holds the step between calls, so a recomputation under activation checkpointing, which repeats the
+call with its arguments, uses the same adapter.
 
 Merging: ``merge_lora(model)`` folds W + (alpha / r) B A into plain nn.Linear layers (same
 state_dict keys as the original model) -- exact for n = 1. With n > 1 one shared weight cannot
@@ -32,27 +32,16 @@ import torch.nn.functional as F
 LORA_TARGETS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
 
 
-class StepSelector:
-    """Shared adapter index for all LoRALinear layers of one model (see module docstring)."""
-
-    def __init__(self, num_adapters: int = 1):
-        self.num_adapters = int(num_adapters)
-        self.step = 1  # the 1-based step of the running block call (set by the block it is attached to)
-        self.fixed: Optional[int] = None  # force one adapter (tests, unrolling)
-
-    @property
-    def index(self) -> int:
-        if self.fixed is not None:
-            return self.fixed
-        return min(max(self.step - 1, 0), self.num_adapters - 1)
+def linear(layer: nn.Linear, x: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
+    """``layer(x)``, told the block's step where the layer has per-step adapters."""
+    return layer(x, step) if isinstance(layer, LoRALinear) else layer(x)
 
 
 class LoRALinear(nn.Linear):
     """nn.Linear + ``num_adapters`` low-rank adapters; B starts at zero so outputs start unchanged."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, rank: int = 4,
-                 alpha: Optional[float] = None, num_adapters: int = 1,
-                 selector: Optional[StepSelector] = None, device=None, dtype=None):
+                 alpha: Optional[float] = None, num_adapters: int = 1, device=None, dtype=None):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         if rank < 1:
             raise ValueError(f"LoRA rank must be >= 1, got {rank}")
@@ -62,7 +51,6 @@ class LoRALinear(nn.Linear):
         self.alpha = float(alpha if alpha is not None else rank)
         self.scaling = self.alpha / self.rank
         self.num_adapters = int(num_adapters)
-        self.selector = selector if selector is not None else StepSelector(num_adapters)
         fk = dict(device=device, dtype=dtype)
         self.lora_A = nn.Parameter(torch.empty(num_adapters, rank, in_features, **fk))  # (n, r, in)
         self.lora_B = nn.Parameter(torch.zeros(num_adapters, out_features, rank, **fk))  # (n, out, r)
@@ -74,9 +62,9 @@ class LoRALinear(nn.Linear):
         nn.init.zeros_(self.lora_B)
 
     @classmethod
-    def from_linear(cls, base: nn.Linear, rank: int, alpha: Optional[float] = None, num_adapters: int = 1,
-                    selector: Optional[StepSelector] = None) -> "LoRALinear":
-        m = cls(base.in_features, base.out_features, base.bias is not None, rank, alpha, num_adapters, selector,
+    def from_linear(cls, base: nn.Linear, rank: int, alpha: Optional[float] = None,
+                    num_adapters: int = 1) -> "LoRALinear":
+        m = cls(base.in_features, base.out_features, base.bias is not None, rank, alpha, num_adapters,
                 device=base.weight.device, dtype=base.weight.dtype)
         with torch.no_grad():
             m.weight.copy_(base.weight)
@@ -91,8 +79,12 @@ class LoRALinear(nn.Linear):
         """The weight update of adapter i: (alpha / r) B_i A_i, shape (out, in)."""
         return self.scaling * (self.lora_B[i] @ self.lora_A[i])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        i = self.selector.index if self.num_adapters > 1 else 0
+    def index(self, step: Optional[int] = None) -> int:
+        """The adapter a call at ``step`` (1-based; None: the first) uses."""
+        return 0 if step is None else min(max(int(step) - 1, 0), self.num_adapters - 1)
+
+    def forward(self, x: torch.Tensor, step: Optional[int] = None) -> torch.Tensor:
+        i = self.index(step)
         y = F.linear(x, self.weight, self.bias)
         return y + self.scaling * F.linear(F.linear(x, self.lora_A[i]), self.lora_B[i])
 
@@ -123,9 +115,9 @@ def _set(root: nn.Module, dotted: str, module: nn.Module) -> None:
 
 
 def add_lora(blocks: Iterable[nn.Module], rank: int, alpha: Optional[float] = None, num_adapters: int = 1,
-             targets: Iterable[str] = LORA_TARGETS, selector: Optional[StepSelector] = None) -> StepSelector:
-    """Replace the target nn.Linear layers of every block by LoRALinear (in place); returns the selector."""
-    selector = selector if selector is not None else StepSelector(num_adapters)
+             targets: Iterable[str] = LORA_TARGETS) -> List["LoRALinear"]:
+    """Replace the target nn.Linear layers of every block by LoRALinear (in place); returns them."""
+    added = []
     for block in blocks:
         for name in targets:
             base = _get(block, name)
@@ -133,8 +125,9 @@ def add_lora(blocks: Iterable[nn.Module], rank: int, alpha: Optional[float] = No
                 raise ValueError(f"{name} already has LoRA adapters")
             if not isinstance(base, nn.Linear):
                 raise ValueError(f"{name} is a {type(base).__name__}, not nn.Linear")
-            _set(block, name, LoRALinear.from_linear(base, rank, alpha, num_adapters, selector))
-    return selector
+            added.append(LoRALinear.from_linear(base, rank, alpha, num_adapters))
+            _set(block, name, added[-1])
+    return added
 
 
 def lora_layers(model: nn.Module) -> List[LoRALinear]:
@@ -156,8 +149,3 @@ def merge_lora(model: nn.Module, index: Optional[int] = None) -> nn.Module:
                                  "them all; unroll into per-step copies (recurvit.models.adapters.unroll_step_lora)")
             _set(model, name, m.merged(0 if index is None else index))
     return model
-
-
-def attach_step_selector(block: nn.Module, selector: StepSelector) -> None:
-    """The step ``block`` is told in each call (``block(z, step=k)``) picks ``selector``'s adapter."""
-    block.step_selector = selector

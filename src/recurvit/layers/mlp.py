@@ -1,5 +1,9 @@
 """Two-layer GELU MLP (timm key names fc1 / fc2)."""
+from typing import Optional
+
 import torch.nn as nn
+
+from .lora import linear
 
 
 class Mlp(nn.Module):
@@ -11,5 +15,6 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
         self.drop2 = nn.Dropout(drop)
 
-    def forward(self, x):
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+    def forward(self, x, step: Optional[int] = None):
+        """``step``: the block's step, for per-step adapters (layers/lora.py)."""
+        return self.drop2(linear(self.fc2, self.drop1(self.act(linear(self.fc1, x, step))), step))

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn as nn
 
-from ..layers.lora import LORA_TARGETS, StepSelector, add_lora, attach_step_selector, lora_layers, merge_lora
+from ..layers.lora import LORA_TARGETS, LoRALinear, add_lora, lora_layers, merge_lora
 from .vit import ViTConfig, VisionTransformer
 
 
@@ -41,16 +41,14 @@ def step_lora_calls_per_step(model: nn.Module) -> int:
     return n
 
 
-def attach_adapters(model: nn.Module, spec: Dict[str, Any]) -> StepSelector:
-    """Add LoRA adapters to ``model`` as described by ``spec`` (in place), zero-initialised B."""
+def attach_adapters(model: nn.Module, spec: Dict[str, Any]) -> List[LoRALinear]:
+    """Add LoRA adapters to ``model`` as described by ``spec`` (in place), zero-initialised B; with per-step
+    adapters (num_adapters > 1) to the shared block only, whose calls are told their step by the core."""
     n = int(spec.get("num_adapters", 1))
-    selector = StepSelector(n)
     blocks = [model.blocks[0]] if n > 1 else list(model.blocks)
-    add_lora(blocks, int(spec["rank"]), spec.get("alpha"), n, spec.get("targets", LORA_TARGETS), selector)
-    if n > 1:  # the core tells the shared block its step; the block sets the adapter
-        attach_step_selector(model.blocks[0], selector)
+    added = add_lora(blocks, int(spec["rank"]), spec.get("alpha"), n, spec.get("targets", LORA_TARGETS))
     model.adapter_spec = dict(spec)
-    return selector
+    return added
 
 
 def unroll_step_lora(model: nn.Module) -> Optional[nn.Module]:
