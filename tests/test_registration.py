@@ -55,6 +55,21 @@ def test_a_registration_before_its_results_with_exactly_its_runs_is_confirmatory
     assert "## Confirmatory" in render(root) and "Confirmatory verdicts: 1 rows (1 reproduced)" in render(root)
 
 
+def test_a_registered_cell_filling_up_to_its_n_is_not_a_top_up(tmp_path):
+    """Finished runs are committed as they come: two seeds a cell (pending, though the rule could already
+    be computed), then the third. That is the registration carried out, not seeds added after a verdict."""
+    root = registered(tmp_path)
+    commit(root, "register")
+    write_csv(root / "results" / "tiny", [r for r in RESULTS if r["train.seed"] in (0, 1)])
+    commit(root, "two seeds a cell")
+    (line,) = collect(root)
+    assert line.evidence.status == "registered, pending" and line.came == "before"
+    write_csv(root / "results" / "tiny", RESULTS)
+    commit(root, "every registered run")
+    (line,) = collect(root)
+    assert line.evidence.status == "confirmatory" and line.came == "before", line.came
+
+
 def test_a_study_registered_after_one_of_its_results_is_exploratory(tmp_path):
     root = registered(tmp_path)
     write_csv(root / "results" / "tiny", RESULTS[:1])  # a result exists before (or with) the registration

@@ -23,7 +23,7 @@ from . import rules
 from .cells import SEED_KEY, Row, as_number, figure_of, in_cell
 from .claims import NOT_TESTED, POOLED, Claim, claim_columns, decide_all, load_claims
 from .history import file_commits, rule_came, show
-from .registration import EXPLORATORY, PENDING, Evidence, evidence
+from .registration import CONFIRMATORY, EXPLORATORY, PENDING, Evidence, evidence
 from .report import rows_from_csv, rows_from_text
 from .spec import load_study
 from .stats import fmt_p
@@ -231,12 +231,15 @@ def _reads(earlier: Callable, commit: str, claim: Claim, claims: Dict[str, Claim
     return reads_any(claim, rows)
 
 
-def _grown(came: str, claim: Claim, rows: list, earlier: Callable, root: Path, results: Path) -> str:
+def _grown(came: str, claim: Claim, rows: list, earlier: Callable, root: Path, results: Path,
+           registered: bool = False) -> str:
     """A rule that came before its results, whose cells got more seeds after a verdict on fewer was
     committed (seeds added after reading, e.g. where the report asked for them; not a cell filled up to the
     seeds the others already had): its p-value and interval hold at their nominal level only, and the row
-    says so."""
-    if came != "before":
+    says so. Not for a registered study: its n was fixed before any run, its rows stay pending (no verdict)
+    until every registered run is in, and a run beyond n makes it exploratory (``registration.py``), so a
+    cell filling up to n is the registration carried out, not seeds added after reading."""
+    if came != "before" or registered:
         return came
     rel = str(results.resolve().relative_to(root.resolve()))
     first = next((c for c in file_commits(root, rel) if _decides(earlier, c, claim.id)), None)
@@ -277,8 +280,9 @@ def collect(root: Path) -> List[Line]:
                     figure += f" (partial study: {len(rows)} of {len(study.runs)} runs in)"
             came = rule_came(root, path, c.id, results, claim_columns(c), c.spec.get("seen", ()),
                              lambda commit, claim=c: _reads(earlier, commit, claim, by_id))
-            lines.append(Line(c, study.results.name, figure, verdict, _grown(came, c, rows, earlier, root, results),
-                              ev))
+            registered = ev.status in (CONFIRMATORY, PENDING)
+            lines.append(Line(c, study.results.name, figure, verdict,
+                              _grown(came, c, rows, earlier, root, results, registered), ev))
         mine = {ln.claim.id: ln for ln in lines[len(lines) - len(study.claims):]}
         for ln in mine.values():  # a claim made of others came after when a part did, is nominal when one is
             parts = [mine[p].came for p in ln.claim.spec.get("parts", ())]
