@@ -70,6 +70,25 @@ def test_a_registered_cell_filling_up_to_its_n_is_not_a_top_up(tmp_path):
     assert line.evidence.status == "confirmatory" and line.came == "before", line.came
 
 
+def test_the_summary_puts_each_registered_row_beside_the_exploratory_rows_of_its_claim(tmp_path):
+    from recurvit.study.findings_md import summary_page
+
+    root = registered(tmp_path)
+    explored = yaml.safe_load((root / "studies" / "tiny.yaml").read_text())
+    explored.pop("registration")
+    explored.update(name="tiny-short", results="../results/tiny_short")
+    explored["claims"]["vit_ahead"]["data"] = "10 epochs"
+    (root / "studies" / "tiny_short.yaml").write_text(yaml.safe_dump(explored, sort_keys=False))
+    write_csv(root / "results" / "tiny_short", rows({"naive": 0.80, "ds3": 0.80, "vit": 0.80}))
+    commit(root, "an exploratory study of the same claim, then the registration")
+    write_csv(root / "results" / "tiny", RESULTS)
+    commit(root, "every registered run")
+    side = summary_page(root, collect(root)).split("| claim | pre-registered replication |")[1].splitlines()
+    assert len(side) == 3  # the header's rest, the rule line, ONE registered row
+    registered_cell, explored_cell = side[2].split(" | ")[1:3]
+    assert "**reproduced**" in registered_cell and explored_cell.startswith("10 epochs: **not")
+
+
 def test_a_study_registered_after_one_of_its_results_is_exploratory(tmp_path):
     root = registered(tmp_path)
     write_csv(root / "results" / "tiny", RESULTS[:1])  # a result exists before (or with) the registration

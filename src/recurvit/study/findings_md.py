@@ -134,9 +134,32 @@ def by_source(lines: Sequence[Line]) -> List[str]:
     return out
 
 
+def _budget_text(ln: Line) -> str:
+    got = budget(ln)
+    return f"{got:g} epochs" if got else (ln.claim.data or ln.study)
+
+
+def beside(lines: Sequence[Line]) -> List[str]:
+    """Each registered row next to the exploratory rows of the same claim (the same words) at shorter budgets:
+    what the pre-registered replication says beside what was explored before it."""
+    registered = [ln for ln in lines if ln.evidence.status in (CONFIRMATORY, PENDING)]
+    if not registered:
+        return []
+    out = ["| claim | pre-registered replication | the same claim, exploratory |", "|---|---|---|"]
+    for ln in registered:
+        same = sorted((e for e in lines if e.evidence.status == EXPLORATORY and e.claim.words == ln.claim.words),
+                      key=budget)
+        explored = "<br>".join(f"{_budget_text(e)}: **{e.verdict}** ({e.figure})" for e in same) or "none"
+        cells = [ln.claim.words, f"{_budget_text(ln)}: **{ln.verdict}** ({ln.figure})", explored]
+        out.append("| " + " | ".join(_cell(x) for x in cells) + " |")
+    return out
+
+
 def summary_page(root: Path, lines: Sequence[Line]) -> str:
-    """results/findings_summary.md: the counts by work, then the two summary sentences."""
-    return "\n".join([*by_source(lines), "", *summary(lines)]) + "\n"
+    """results/findings_summary.md: the counts by work, the two summary sentences, then the registered rows
+    beside the exploratory rows of the same claims."""
+    side = beside(lines)
+    return "\n".join([*by_source(lines), "", *summary(lines), *(["", *side] if side else [])]) + "\n"
 
 
 def render(root: Path, extra: Sequence[str] = (), lines: Sequence[Line] = ()) -> str:
