@@ -1,6 +1,7 @@
 """The README's findings: each claim of the seed abstracts against the study that measures it here.
 
-    python scripts/findings.py          # writes results/findings.md, findings_summary.md, findings_softmor_r.png
+    python scripts/findings.py          # writes results/findings.md, findings_summary.md, findings_headline.md,
+                                        # findings_softmor_r.png
     python scripts/findings.py --check  # CI: fails when findings.md is out of date
 
 The claims, their rules and the table live in the library (``recurvit.study.claims``, ``rules``,
@@ -23,7 +24,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import recurvit.tasks  # noqa: E402,F401  (registers the tasks the study files name: study/ imports none)
 from recurvit.errors import UserError  # noqa: E402
 from recurvit.study.findings import collect  # noqa: E402
-from recurvit.study.findings_md import render, summary_page  # noqa: E402
+from recurvit.study.findings_md import headline, render, summary_page  # noqa: E402
 from recurvit.study.stats import mean_ci, welch  # noqa: E402
 
 Row = Dict[str, str]
@@ -110,7 +111,8 @@ def main(argv: Sequence[str] = ()) -> int:
     try:
         lines = collect(args.root)
         pages = {args.results / "findings.md": render(args.root, extra=survival(args.results), lines=lines),
-                 args.results / "findings_summary.md": summary_page(args.root, lines)}
+                 args.results / "findings_summary.md": summary_page(args.root, lines),
+                 args.results / "findings_headline.md": headline(lines)}
     except UserError as e:  # a renamed label, a missing test: one line, exit code 2
         print(f"error: {e}", file=sys.stderr)
         return 2

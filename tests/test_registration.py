@@ -10,7 +10,7 @@ import yaml
 import recurvit.tasks  # noqa: F401  (registers the tasks study files name: study/ imports none)
 from recurvit.study import rules
 from recurvit.study.findings import collect
-from recurvit.study.findings_md import render
+from recurvit.study.findings_md import headline, render
 from test_findings import c, repo, rows, write_csv
 
 REG = {"n": 3, "seeds": [0, 1, 2], "checkpoint": "last", "budget": "3 epochs"}
@@ -64,10 +64,12 @@ def test_a_registered_cell_filling_up_to_its_n_is_not_a_top_up(tmp_path):
     commit(root, "two seeds a cell")
     (line,) = collect(root)
     assert line.evidence.status == "registered, pending" and line.came == "before"
+    assert headline([line]).endswith("- w: pending\n")  # no figure of a partial study on the front page
     write_csv(root / "results" / "tiny", RESULTS)
     commit(root, "every registered run")
     (line,) = collect(root)
     assert line.evidence.status == "confirmatory" and line.came == "before", line.came
+    assert headline([line]).endswith(f"- w: **reproduced**. {line.figure}\n")
 
 
 def test_the_summary_puts_each_registered_row_beside_the_exploratory_rows_of_its_claim(tmp_path):

@@ -155,6 +155,24 @@ def beside(lines: Sequence[Line]) -> List[str]:
     return out
 
 
+def headline(lines: Sequence[Line]) -> str:
+    """results/findings_headline.md, the README's headline: what the pre-registered replications say, one line
+    a registered claim (its verdict while every registered run is in, "pending" before)."""
+    registered = [ln for ln in lines if ln.evidence.status in (CONFIRMATORY, PENDING)]
+    if not registered:
+        return "No pre-registered study yet: every finding below is exploratory.\n"
+    studies = sorted({ln.study for ln in registered})
+    where = ", ".join(f"[{s}](results/{s}/report.md)" for s in studies)
+    status = "; ".join(sorted({ln.evidence.text for ln in registered}))
+    data = registered[0].claim.data
+    out = [f"**Pre-registered replication**{f' ({data})' if data else ''}: {where}, {status}. Its claims, each "
+           "with its rule committed before any run:", ""]
+    # a pending row's figure is of the runs in so far: the headline waits for the registered n
+    out += [f"- {ln.claim.words}: **{ln.verdict}**. {ln.figure}" if ln.evidence.status == CONFIRMATORY
+            else f"- {ln.claim.words}: pending" for ln in registered]
+    return "\n".join(out) + "\n"
+
+
 def summary_page(root: Path, lines: Sequence[Line]) -> str:
     """results/findings_summary.md: the counts by work, the two summary sentences, then the registered rows
     beside the exploratory rows of the same claims."""
