@@ -2,7 +2,8 @@
 
     python benchmarks/deploy_table.py RUN [RUN ...] [--rounds 5] [--calls 20] [--threads 1] [--out PATH]
 
-For each trained run (a run directory; its best.pt, chosen on its validation split) the model runs as
+For each trained run (a run directory; its last.pt by default, ``--checkpoint best`` for the best.pt its validation
+split chose) the model runs as
 
 - ``eager``: ``model(x)`` under ``torch.no_grad``;
 - ``onnx`` / ``onnx int8``: the whole model (``recurvit export --format onnx``) in onnxruntime, and the same file
@@ -201,20 +202,21 @@ def build(run: Path, tmp: Path, args, log) -> Tuple[str, int, List[Contender], D
 
     threads = args.threads
     cfg = load_config(run / "config.yaml")
-    model = recurvit.load_model(run).eval()
+    source = run / "last.pt" if args.checkpoint == "last" else run  # a run directory gives its best.pt
+    model = recurvit.load_model(source).eval()
     label = label_of(run, cfg.model.name, model)
     shape = [model.cfg.in_chans, model.cfg.img_size, model.cfg.img_size]
     val_set, test_set = splits(cfg)
     log(f"{run.name}: exporting")
     whole, steps = tmp / f"{run.name}.onnx", tmp / f"{run.name}-steps"
-    export_program(run, whole, "onnx")
+    export_program(source, whole, "onnx")
     whole8 = quantize_model(whole, tmp / f"{run.name}-int8.onnx")
     export_steps(model, steps, "onnx", fused=True)
     steps8 = quantize_steps(steps, tmp / f"{run.name}-steps-int8")
     prog, prog8 = StepProgram(steps, threads=threads), StepProgram(steps8, threads=threads)
     mem = lambda kind, path, **kw: {"kind": kind, "path": str(path), "shape": shape, "threads": threads, **kw}  # noqa: E731
     contenders = [
-        Contender("eager", lambda x: model(x), param_bytes(model), mem("eager", run), note="fp32"),
+        Contender("eager", lambda x: model(x), param_bytes(model), mem("eager", source), note="fp32"),
         Contender("onnx", onnx_session(whole, threads), weight_bytes(whole)["total"], mem("onnx", whole),
                   note="fp32"),
         Contender("onnx int8", onnx_session(whole8, threads), weight_bytes(whole8)["total"], mem("onnx", whole8),
@@ -337,6 +339,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (fewer while the machine is loaded)")
     p.add_argument("--calls", type=int, default=20, help="single-image calls per contender and round at batch 1")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--checkpoint", choices=("last", "best"), default="last",
+                   help="which weights of each run: last.pt (default: nothing chosen on any split, so the validation "
+                        "split that calibrates the exit is fresh to them) or best.pt (chosen on that same split)")
     p.add_argument("--machine", default=f"cpu-{os.cpu_count()}c")
     p.add_argument("--out", type=Path, default=None,
                    help="the page to write (default benchmarks/results/deploy-table-<machine>.md)")
@@ -380,8 +385,10 @@ def main(argv=None) -> int:
         "imports, in a fresh subprocess per row (the model as held plus the inference's working memory). "
         "Stored weights: the ONNX initializers a runtime loads (the eager row: parameters and buffers). The "
         f"certified exit: Learn-then-Test at epsilon = {100 * args.epsilon:g} points of disagreement with the "
-        f"full-depth answer, 1 - delta = {1 - args.delta:g}, calibrated on the run's validation split only (its best.pt was "
-        "chosen on the same split; the test split is read after the threshold is fixed).", ""]
+        f"full-depth answer, 1 - delta = {1 - args.delta:g}, calibrated on the run's validation split only ("
+        + ("the weights are last.pt: nothing was chosen on that split" if args.checkpoint == "last" else
+           "the weights are best.pt, chosen on that same split")
+        + "; the test split is read after the threshold is fixed).", ""]
     text = render(results, header)
     out = args.out or HERE / "results" / f"deploy-table-{args.machine}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
