@@ -100,3 +100,64 @@ def test_the_loop_refuses_to_resume_another_tasks_run(tmp_path):
         fit(ClassifyTask(load_config(None, ["train.epochs=2"])), tmp_path / "run", resume=True, log=lambda *a: None)
     assert "\n" not in str(e.value)
     assert [r["epoch"] for r in _rows(tmp_path / "run")] == [1]  # the run is left as it was
+
+
+# ------------------------------------------------------------------ the batch loop (train/loop.py)
+class TwoRanks:
+    """A process group of two ranks that saw the same batch: every sum doubles."""
+
+    enabled, is_main, world_size, rank = True, True, 2, 0
+
+    def all_reduce_sum(self, values, device):
+        return [2 * float(v) for v in values]
+
+
+def test_the_loops_sums_are_means_over_every_image_and_global_under_ddp():
+    from recurvit.run import distributed as dist_io
+    from recurvit.train.loop import Totals
+
+    step = Step(torch.tensor(0.5), 4, {"loss": torch.tensor(0.5), "stages": torch.tensor([1.0, 2.0])},
+                {"correct": torch.tensor(3)})
+    late = Step(torch.tensor(0.25), 2, {"loss": torch.tensor(0.25), "stages": torch.tensor([4.0, 6.0, 8.0])})
+    one, two = Totals(), Totals()
+    for t, env in ((one, dist_io.SINGLE), (two, TwoRanks())):
+        assert t.add(step, env, torch.device("cpu")) == 0.5  # the step's mean loss, what divergence reads
+        assert t.add(late, env, torch.device("cpu")) == 0.25
+    # the loss over every image (4 x 0.5 + 2 x 0.25) / 6; a readout only the second step had: its images only
+    assert one.mean("loss") == two.mean("loss") == pytest.approx(2.5 / 6)
+    assert one.means("stages") == two.means("stages") == pytest.approx([(4 + 8) / 6, (8 + 12) / 6, 8.0])
+    assert (one.n, one.total("correct")) == (6, 3) and (two.n, two.total("correct")) == (12, 6)
+
+
+class Steps(Brightness):
+    """Brightness, with a second step after each optimizer step and a loss that can be made to diverge."""
+
+    after_calls = 0
+    diverge_at = None
+
+    def train_step(self, batch, amp):
+        step = super().train_step(batch, amp)
+        loss = step.loss * float("nan") if self.after_calls == self.diverge_at else step.loss
+        step.loss, step.means["loss"] = loss, loss.detach()
+
+        def after():
+            self.after_calls += 1
+            return {"aux": 1.0}
+
+        step.after = after
+        return step
+
+    def epoch_metrics(self, totals, seconds):
+        return {**super().epoch_metrics(totals, seconds), "aux": totals.mean("aux"), "n": totals.n}
+
+
+def test_the_loop_runs_a_steps_after_hook_after_the_update_and_stops_on_divergence(tmp_path):
+    task = Steps(BrightnessConfig())
+    fit(task, tmp_path / "ok", stop_after=1, log=lambda *a: None)
+    (row,) = _rows(tmp_path / "ok")
+    assert task.after_calls == 6 and row["aux"] == 1.0 and row["n"] == 96  # every batch, weighted by its images
+    bad = Steps(BrightnessConfig())
+    bad.diverge_at = 2
+    with pytest.raises(UserError, match=r"diverged \(loss=nan\) at epoch 1"):
+        fit(bad, tmp_path / "bad", log=lambda *a: None)
+    assert bad.after_calls == 2  # stopped before the diverged step's update
