@@ -34,8 +34,9 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..run import distributed as dist_io
-    from ..run.rundir import default_run_dir
-    from ..tasks.classify.task import train
+    from ..tasks.base import data_task
+    from ..tasks.classify.task import ClassifyTask
+    from ..train.fit import fit
 
     cfg = load_run_config(args, load_config, _default_config())
     if args.print_config:
@@ -50,14 +51,12 @@ def run(args) -> int:
         raise UserError(f"--nproc must be >= 1, got {args.nproc}")
     if args.nproc is not None and args.nproc > 1:
         return launch_processes(args, cfg, out, ["train"])
-    with dist_io.session(cfg.train.device) as env:
-        if out is None:
-            out = Path(env.broadcast(str(default_run_dir(cfg)) if env.is_main else None))
-        quiet = args.json or not env.is_main
-        log = (lambda *a, **k: None) if quiet else print
-        metrics = train(cfg, out, resume=args.resume is not None, log=log, force=args.force)
-        if not env.is_main:
-            return 0
+    task = data_task(cfg.data.name, ClassifyTask)(cfg)  # the data's task: classification, or the mazes' dense task
+    log = (lambda *a, **k: None) if args.json else print  # fit quiets every rank but 0 itself
+    metrics = fit(task, out, resume=args.resume is not None, log=log, force=args.force)
+    if not dist_io.launched_main():
+        return 0
+    out = task.run_dir
     if args.json:
         print_json({"run_dir": str(out), **metrics})
     else:

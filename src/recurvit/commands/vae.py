@@ -127,9 +127,9 @@ def run(args) -> int:
 
 
 def _train(args) -> int:
-    from ..run.rundir import default_run_dir
     from ..tasks.vae.config import default_config_path, load_vae_config
-    from ..tasks.vae.task import train_vae
+    from ..tasks.vae.task import VAETask
+    from ..train.fit import fit
 
     from ..run import distributed as dist_io
 
@@ -139,13 +139,11 @@ def _train(args) -> int:
         raise UserError(f"--nproc must be >= 1, got {args.nproc}")
     if args.nproc is not None and args.nproc > 1:
         return launch_processes(args, cfg, out, ["vae", "train"])
-    with dist_io.session(cfg.train.device) as env:
-        if out is None:
-            out = Path(env.broadcast(str(default_run_dir(cfg)) if env.is_main else None))
-        log = (lambda *a, **k: None) if args.json or not env.is_main else print
-        metrics = train_vae(cfg, out, resume=args.resume is not None, log=log)
-        if not env.is_main:
-            return 0
+    task = VAETask(cfg)
+    metrics = fit(task, out, resume=args.resume is not None, log=(lambda *a, **k: None) if args.json else print)
+    if not dist_io.launched_main():  # fit quiets every rank but 0 itself
+        return 0
+    out = task.run_dir
     if args.json:
         print_json({"run_dir": str(out), **metrics})
     else:

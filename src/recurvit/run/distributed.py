@@ -131,6 +131,14 @@ def launched_world_size() -> int:
         raise UserError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not a number") from None
 
 
+def launched_main() -> bool:
+    """Whether this process is rank 0 of a torchrun launch (True when not launched by it): the one that prints."""
+    try:
+        return int(os.environ.get("RANK", "0")) == 0
+    except ValueError:
+        raise UserError(f"RANK={os.environ['RANK']!r} is not a number") from None
+
+
 def current() -> DistEnv:
     """The process group this process belongs to (SINGLE when there is none)."""
     if dist.is_available() and dist.is_initialized():

@@ -34,7 +34,7 @@ from ..run import checkpoint as ckpt_io, distributed as dist_io
 from ..run.atomic import DiskFull, write_atomic
 from ..run.device import pick_device, seed_everything
 from ..run.progress import quiet
-from ..run.rundir import RunDir, open_run
+from ..run.rundir import RunDir, default_run_dir, open_run
 from .checks import Diverged, how_to_go_on
 from .loop import train_epoch
 from .optim import follow_config
@@ -42,15 +42,18 @@ from .resume import check_resume
 from .tensorboard import EpochWriter
 
 
-def fit(task, out: Path, resume: bool = False, log=print, stop_after: Optional[int] = None,
+def fit(task, out: Optional[Path] = None, resume: bool = False, log=print, stop_after: Optional[int] = None,
         force: bool = False) -> Dict[str, Any]:
     """Train ``task`` into run directory ``out`` (or continue it from last.pt); returns
-    ``task.result(...)`` after the last epoch (the last metrics when stopped early).
+    ``task.result(...)`` after the last epoch (the last metrics when stopped early). ``out`` None: a new
+    ``runs/<data>-<model>-<time>`` (``task.run_dir`` says which, once fit has started).
 
     ``force`` starts even when a memory estimate says the run will not fit."""
     tc = task.cfg.train
     with dist_io.session(tc.device) as env:
-        out = Path(env.broadcast(str(out)))  # rank 0's run directory (a default one carries a time stamp)
+        # rank 0's run directory for every rank (a default one carries a time stamp)
+        out = Path(env.broadcast(str(out if out is not None else default_run_dir(task.cfg)) if env.is_main else None))
+        task.run_dir = out
         log = log if env.is_main else quiet
         task.check()
         run = env.on_main(lambda: open_run(out, resume, log=log)) or RunDir(out, created=False, owner=False)
