@@ -54,14 +54,15 @@ class Totals:
         self.sums: Dict[str, List[float]] = {}
         self.seen: Dict[str, List[float]] = {}  # images behind each element of a mean (a readout some steps lack)
 
-    def _add(self, key: str, values: List[float], weight) -> None:
+    def _add(self, key: str, values: List[float], weight, images: int) -> None:
+        """Sum ``values`` (times ``weight`` unless None); ``images``: the step's images behind them."""
         sums, seen = self.sums.setdefault(key, []), self.seen.setdefault(key, [])
         for j, v in enumerate(values):
             if j == len(sums):
                 sums.append(0.0 if weight is not None else 0)
                 seen.append(0)
             sums[j] += v * weight if weight is not None else v
-            seen[j] += self._step_n
+            seen[j] += images
 
     def add(self, step: Step, env: dist_io.DistEnv, device: torch.device) -> float:
         """The step's figures (under several processes their sums over the ranks, one collective); returns the
@@ -69,27 +70,25 @@ class Totals:
         means = {k: _values(v) for k, v in step.means.items()}
         counts = {k: _values(v) for k, v in step.counts.items()}
         if not env.enabled:
-            self._step_n = step.n
             for k, vs in means.items():
-                self._add(k, vs, step.n)
+                self._add(k, vs, step.n, step.n)
             for k, vs in counts.items():
-                self._add(k, vs, None)
+                self._add(k, vs, None, step.n)
             self.n += step.n
             return means["loss"][0]
         flat = [x * step.n for vs in means.values() for x in vs] + [x for vs in counts.values() for x in vs]
         *flat, n = env.all_reduce_sum(flat + [step.n], device)
-        self._step_n = n = int(round(n))
+        n = int(round(n))
         loss = flat[0] / max(n, 1)
         for k, vs in [*means.items(), *counts.items()]:  # the means come back weighted: summed as they are
-            self._add(k, flat[:len(vs)], None)
+            self._add(k, flat[:len(vs)], None, n)
             flat = flat[len(vs):]
         self.n += n
         return loss
 
     def add_means(self, means: Dict[str, float], n: int) -> None:
-        self._step_n = n
         for k, v in means.items():
-            self._add(k, _values(v), n)
+            self._add(k, _values(v), n, n)
 
     def mean(self, key: str, default: float = 0.0) -> float:
         """The epoch's mean of a scalar figure over every image (0 for a figure no step gave)."""
