@@ -296,3 +296,57 @@ def test_the_exit_evaluators_certify_option_is_checked_and_absent_from_old_recor
     for bad in ({"epsilon": 0.5}, {"epsilon": 0, "delta": 0.1}, {"epsilon": 0.5, "delta": 1.5}, "yes"):
         with pytest.raises(UserError, match="certify takes"):
             parse_eval({"exit": {"certify": bad}}, EVALUATORS, "s", axes)
+
+
+def test_deploy_evaluator_certifies_on_the_held_out_split_and_times_the_exported_exit(tmp_path, monkeypatch):
+    """The deploy evaluator: the exit threshold is certified on the held-out images with the exported step
+    programs, and only then is the test split read (a calibration that reads a test image fails here); its
+    figures agree with each other and, where no exit is certified, nothing is timed and nothing is lost."""
+    pytest.importorskip("onnxruntime")
+    import recurvit.export.certified as C
+
+    (tmp_path / "base.yaml").write_text(BASE.replace("data: {name: digits}", "data: {name: digits, holdout: 0.2}"))
+    (tmp_path / "s.yaml").write_text(STUDY.format(
+        eval="  max_steps_factor: 1\n  deploy: {epsilon: 5, delta: 0.2, rounds: 2, time_images: 256, "
+             "only: {regime: [a]}}"))
+    seen = {}
+    real = C.certified_threshold
+
+    def certify_once(prog, batches, *a, **kw):
+        seen["calibration"] = sum(len(x) for x in batches)
+        seen["test_read_before"] = "test" in seen
+        return real(prog, batches, *a, **kw)
+
+    real_predict = C._predict
+
+    def predict(prog, batches, threshold=None):
+        seen["test"] = True
+        return real_predict(prog, batches, threshold)
+
+    monkeypatch.setattr(C, "certified_threshold", certify_once)
+    monkeypatch.setattr(C, "_predict", predict)
+    rows = {r["run_id"]: r for r in run_study(load_study(tmp_path / "s.yaml"), tmp_path / "runs", progress=False,
+                                              log=lambda *a: None)}
+    a = rows["a__seed=0"]
+    d = a["deploy"]
+    assert seen["calibration"] == d["calibration_images"] > 0 and not seen["test_read_before"]
+    assert a["deploy_drop_points"] <= a["deploy_disagree_points"] + 1e-9  # an unchanged answer cannot lose accuracy
+    assert 0 < a["deploy_steps_pct_T"] <= 100 and a["deploy_int8_weight_ratio"] > 1
+    if a["deploy_certified"]:
+        assert a["deploy_speedup"] > 0 and d["timed_rounds"] == 2 and d["mean_steps"] <= 3
+    else:
+        assert a["deploy_speedup"] == 1.0 and a["deploy_disagree_points"] == 0 and d["mean_steps"] == 3
+    assert "deploy" not in rows["b__seed=0"]
+    for bad in ("{epsilon: 0}", "{delta: 1}", "{rounds: 1}"):
+        (tmp_path / "s.yaml").write_text(STUDY.format(eval=f"  deploy: {bad}"))
+        with pytest.raises(UserError, match="deploy"):
+            load_study(tmp_path / "s.yaml")
+
+
+def test_deploy_evaluator_refuses_a_run_without_a_held_out_split():
+    class Run:
+        cfg = type("C", (), {"data": type("D", (), {"holdout": 0.0})()})()
+        out = "runs/x"
+
+    with pytest.raises(UserError, match="held-out split"):
+        classify_eval.EVALUATORS["deploy"](Run(), classify_eval.EVALUATORS["deploy"].check({}, "s"))

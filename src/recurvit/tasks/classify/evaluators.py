@@ -16,17 +16,26 @@ run's result row.
                   loses nothing)
 ``exit``          anytime exit calibrated off the test split, the criterion chosen there, measured on
                   it: ``exit_accuracy``, ``exit_drop_points``, ``exit_steps_pct_T``, ``exit_speedup``, ...
+``deploy``        the certified exit where it is deployed (:mod:`recurvit.export.certified`): exported step
+                  programs in onnxruntime, the exit certified on the held-out split, then the test split:
+                  ``deploy_disagree_points``, ``deploy_speedup`` (wall-clock), ``deploy_int8_drop_points``, ...
 ================  ===================================================================================
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Dict
+
+import torch
 
 from ...analysis.exit import calibrated_exits
 from ...analysis.horizon import horizon_sweep, summarize
 from ...analysis.per_step import analyze_model, continuation, step_specificity
+from ...data import build_datasets
+from ...data.calibration import holdout_split
 from ...errors import UserError
+from ...export.certified import deployed_exit
 from ...models.adaptive import CRITERIA
 from ...models.cores import CORES
 from ...study.evaluators import Evaluated, Evaluator
@@ -194,4 +203,43 @@ class Exit(Evaluator):
                 "exit_calibration_steps": per[chosen]["calibration"]["mean_steps"]}
 
 
-EVALUATORS = {e.name: e for e in (Horizon(), Variants(), PerStep(), Continuation(), StepPruning(), Exit())}
+class Deploy(Evaluator):
+    """The certified exit in the exported step programs (:func:`recurvit.export.certified.deployed_exit`):
+    certified at ``epsilon`` points of disagreement with full depth, confidence ``1 - delta``, on the run's
+    held-out split (``data.holdout``; a run without one is refused: its calibration images would be training
+    images), then read once on the test split. ``rounds``: timing rounds over the first ``time_images`` test
+    images; ``threads``: onnxruntime's intra-op threads."""
+
+    name = "deploy"
+    defaults = {"epsilon": 0.5, "delta": 0.1, "rounds": 10, "time_images": 2048, "threads": 1}
+    minimum = {"rounds": 2, "time_images": 1, "threads": 1}
+    columns = ("deploy_certified", "deploy_threshold", "deploy_disagree_points", "deploy_drop_points",
+               "deploy_steps_pct_T", "deploy_speedup", "deploy_speedup_lo", "deploy_speedup_hi",
+               "deploy_int8_drop_points", "deploy_int8_weight_ratio")
+
+    def check(self, options, where):
+        opts = super().check(options, where)
+        e, d = opts["epsilon"], opts["delta"]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (e, d)) \
+                or not 0 < e < 100 or not 0 < d < 1:
+            raise UserError(f"{where}: deploy takes epsilon in (0, 100) points and delta in (0, 1), got {e!r}, {d!r}")
+        return opts
+
+    def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
+        o = options
+        if not run.cfg.data.holdout:
+            raise UserError(f"{run.out}: the deploy evaluator certifies on the run's held-out split; "
+                            "train with data.holdout > 0")
+        train_set, test_set, _ = build_datasets(replace(run.cfg.data, holdout=0.0))
+        calib = holdout_split(train_set, test_set, run.cfg.data.holdout)
+        calib_x = torch.stack([calib[i][0] for i in range(len(calib))])  # images only: no label is read
+        xs, ys = zip(*run.test_loader)
+        res = deployed_exit(run.model.cpu(), calib_x, torch.cat(xs), torch.cat(ys), o["epsilon"] / 100, o["delta"],
+                            o["rounds"], o["time_images"], o["threads"])
+        run.model.to(run.device)
+        keys = ("certified", "threshold", "disagree_points", "drop_points", "steps_pct_T", "speedup", "speedup_lo",
+                "speedup_hi", "int8_drop_points", "int8_weight_ratio")
+        return {"deploy": res, **{f"deploy_{k}": (float(res[k]) if res[k] is not None else None) for k in keys}}
+
+
+EVALUATORS = {e.name: e for e in (Horizon(), Variants(), PerStep(), Continuation(), StepPruning(), Exit(), Deploy())}
