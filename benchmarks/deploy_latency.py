@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import math
 import os
 import statistics
@@ -42,7 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -120,21 +121,24 @@ def run_rounds(fns: Dict[Tuple[str, str], Callable], xs: List[torch.Tensor], rou
     return per_round, every
 
 
-def geo_ci(ratios: List[float]) -> str:
-    """Geometric mean of per-round ratios with its 95% t-interval."""
-    from recurvit.study.stats import mean_ci
+def geo_ci(ratios: List[float], figures: Optional[Dict[str, dict]] = None, key: str = "") -> str:
+    """Geometric mean of per-round ratios with its 95% t-interval, as text; also stored under ``key`` in
+    ``figures`` (mean, lo, hi, rounds) where given."""
+    from recurvit.export.certified import geometric_ratio
 
-    s = mean_ci([math.log(r) for r in ratios])
-    if math.isnan(s["ci"]):
-        return f"{math.exp(s['mean']):.2f}"
-    return f"{math.exp(s['mean']):.2f} [{math.exp(s['mean'] - s['ci']):.2f}, {math.exp(s['mean'] + s['ci']):.2f}]"
+    g = geometric_ratio(ratios, [1.0] * len(ratios))
+    if figures is not None:
+        figures[key] = g
+    if math.isnan(g["lo"]):
+        return f"{g['mean']:.2f}"
+    return f"{g['mean']:.2f} [{g['lo']:.2f}, {g['hi']:.2f}]"
 
 
 def quantile(v: List[float], q: float) -> float:
     return float(torch.quantile(torch.tensor(v, dtype=torch.float64), q))
 
 
-def table(batch: int, per_round, every, info, x) -> List[str]:
+def table(batch: int, per_round, every, info, x, figures: Dict[str, dict]) -> List[str]:
     (bvit, vit) = list(MODELS)
     if batch == 1:
         head = ["| model | runs as | latency p50 (ms) | p99 (ms) | mean (ms) | × eager [95%] | bViT / ViT [95%] "
@@ -144,10 +148,12 @@ def table(batch: int, per_round, every, info, x) -> List[str]:
                 "|---|---|---|---|---|---|"]
     rows = []
     for (m, c), ts in per_round.items():
-        vs_eager = geo_ci([e / t for e, t in zip(per_round[m, "eager"], ts)])
+        who = "bvit" if m == bvit else "vit"
+        vs_eager = geo_ci([e / t for e, t in zip(per_round[m, "eager"], ts)], figures,
+                          f"b{batch} {c} {who} over eager")
         vs = "—"  # on the bViT's row: the ViT's time / the bViT's, for the same contender
         if m == bvit and (vit, c) in per_round:
-            vs = geo_ci([tv / tb for tb, tv in zip(ts, per_round[vit, c])])
+            vs = geo_ci([tv / tb for tb, tv in zip(ts, per_round[vit, c])], figures, f"b{batch} {c} bvit over vit")
         steps = "6"  # every fixed-depth contender runs T = 6 steps (blocks)
         if c.startswith("steps+exit"):  # the exit steps of the timed images
             with torch.no_grad():
@@ -188,7 +194,7 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    sections = []
+    sections, figures = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         fns, info = build(Path(tmp), args.threads, log)
         # the same 256 images at both batch sizes: one batch of 256, or one image per call in turn
@@ -197,7 +203,7 @@ def main(argv=None) -> int:
             xs = list(x.split(batch))
             log(f"batch {batch}: {args.rounds} rounds x {len(fns)} contenders x {calls} calls")
             per_round, every = run_rounds(fns, xs, args.rounds, calls)
-            sections.append((batch, table(batch, per_round, every, info, x) + fused_note(batch, every, calls)))
+            sections.append((batch, table(batch, per_round, every, info, x, figures) + fused_note(batch, every, calls)))
     load_after = os.getloadavg()
     loaded = load_before[0] > cores * 0.5
     import onnxruntime
@@ -223,8 +229,13 @@ def main(argv=None) -> int:
         lines += [f"### Batch {batch}" + (" (latency of one image)" if batch == 1 else " (throughput)"), "", *rows, ""]
     out = args.out or Path(__file__).parent / "results" / f"deploy-{args.machine}.md"
     out.write_text("\n".join(lines))
+    # the ratios as figures (the findings table's deployment targets read them): {"b1 onnx bvit over vit":
+    # {mean, lo, hi, rounds}, ...}, with whether the machine was loaded
+    out.with_suffix(".json").write_text(json.dumps(
+        {"command": cmd.strip(), "machine": args.machine, "loaded": loaded, "load_before": load_before,
+         "load_after": load_after, "rounds": args.rounds, "ratios": figures}, indent=1) + "\n")
     print("\n".join(lines))
-    print(f"wrote {out}")
+    print(f"wrote {out} and {out.with_suffix('.json').name}")
     return 0
 
 

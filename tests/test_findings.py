@@ -93,6 +93,39 @@ def test_studyless_rows_name_their_test_or_what_they_need(tmp_path):
         collect(root)
 
 
+def test_a_benchmark_target_reads_the_interval_and_a_loaded_machine_is_not_a_verdict(tmp_path):
+    """A benchmark row: its targets read the JSON a benchmark writes (``ratio.lo``: the lower end of the 95%
+    interval), met or missed; a benchmark that found its machine loaded decides nothing; a figure the file
+    lacks is an error, not a silent miss."""
+    import json
+
+    spec = c("benchmark", source="recurvit", file="bench/deploy.json", command="python bench.py",
+             targets={"b1 onnx bvit over vit.lo": {"min": 1.0}, "b256 onnx bvit over vit.lo": {"min": 0.95}})
+    root = repo(tmp_path, {}, {"speed": spec})
+    (line,) = collect(root)
+    assert line.verdict == "not measured yet" and "`python bench.py` has not run" in line.figure
+    (root / "bench").mkdir()
+
+    def write(loaded, b1_lo, b256_lo):
+        ratios = {"b1 onnx bvit over vit": {"mean": 1.1, "lo": b1_lo, "hi": 1.2, "rounds": 10},
+                  "b256 onnx bvit over vit": {"mean": 1.0, "lo": b256_lo, "hi": 1.05, "rounds": 10}}
+        (root / "bench" / "deploy.json").write_text(json.dumps({"loaded": loaded, "ratios": ratios}))
+
+    write(False, 1.02, 0.96)
+    (line,) = collect(root)
+    assert line.verdict == "target met" and "b1 onnx bvit over vit 1.10 [1.02, 1.20] (10 rounds)" in line.figure
+    write(False, 0.98, 0.96)  # the mean clears 1.0, the interval does not: missed
+    assert verdicts(root) == {"speed": "target missed"}
+    write(True, 1.02, 0.96)
+    assert verdicts(root) == {"speed": "not measured (machine loaded)"}
+    repo(tmp_path, {}, {"speed": {**spec, "targets": {"b1 eager bvit over vit.lo": {"min": 1.0}}}})
+    with pytest.raises(UserError, match="no figure b1 eager bvit over vit.lo"):
+        collect(root)
+    with pytest.raises(UserError, match="needs `file`"):
+        repo(tmp_path, {}, {"speed": {k: v for k, v in spec.items() if k != "file"}})
+        collect(root)
+
+
 def test_the_history_column_reads_git(tmp_path):
     root = repo(tmp_path, {"vit_ahead": c(a={"regime": "vit"}, b={"regime": "naive"})})
     for args in (["init", "-q"], ["config", "user.email", "t@t"], ["config", "user.name", "t"], ["add", "-A"],

@@ -43,8 +43,10 @@ evaluation in a train-solver x eval-solver matrix).
 
 Claims that no study here can measure live in a study-less claims file with kinds ``accounting``
 (a count of :mod:`scripts.accounting` against the paper's figure), ``identity`` (a test that holds an
-exact identity, named ``tests/file.py::test``) and ``needs`` (what it needs, and the command that
-would test it).
+exact identity, named ``tests/file.py::test``), ``needs`` (what it needs, and the command that
+would test it) and ``benchmark`` (``file``: a benchmark's JSON of figures, ``command``: what writes it,
+``targets``: figure -> ``{max: v}`` or ``{min: v}``, a figure named ``"ratio.lo"`` for a key of one of its
+ratios; met or missed, and not measured where the benchmark says its machine was loaded).
 
 Any claim may name ``seen``: earlier results files (paths from the repository's root) that held the
 same figures before they moved to this study's results, so that whether its rule came before its
@@ -71,12 +73,12 @@ from .targets import per_seed_target
 
 RULE_KINDS = ("superiority", "noninferiority", "equivalence", "trend", "near_chance", "heterogeneity", "target",
               "all_of")
-ROW_KINDS = ("accounting", "identity", "needs")
+ROW_KINDS = ("accounting", "identity", "needs", "benchmark")
 NOT_TESTED = "not tested (the reference did not train)"
 KEYS = {"source", "words", "data", "rule", "figure", "a", "b", "side", "margin", "by", "paired", "label", "axis", "x",
         "log2", "x_name", "chance", "groups", "parts", "qualified", "scale", "unit", "count", "paper", "test", "needs",
         "command", "note", "reference_baseline", "targets", "seen", "budgets",
-        "tolerance", "also", "paper_value"}
+        "tolerance", "also", "paper_value", "file"}
 
 
 @dataclass
@@ -137,7 +139,21 @@ def load_claims(path: Path, labels: Optional[Dict[str, List[str]]] = None,
     return out
 
 
+def _check_targets(claim: Claim, where: str) -> None:
+    t = claim.spec.get("targets")
+    ok = isinstance(t, dict) and t and all(
+        isinstance(b, dict) and len(b) == 1 and set(b) <= {"max", "min"}
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in b.values()) for b in t.values())
+    if not ok:
+        raise UserError(f"{where}: a {claim.rule} claim needs `targets` mapping figures to {{max: number}} or "
+                        "{min: number}")
+
+
 def _check_labels(claim: Claim, where: str) -> None:
+    if claim.rule == "benchmark":
+        _check_targets(claim, where)
+        if not claim.spec.get("file") or not claim.spec.get("command"):
+            raise UserError(f"{where}: a benchmark claim needs `file` (its JSON) and `command` (what writes it)")
     if claim.rule in ROW_KINDS:
         return
     if claim.rule == "target":

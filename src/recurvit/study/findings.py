@@ -27,6 +27,7 @@ from .registration import CONFIRMATORY, EXPLORATORY, PENDING, Evidence, evidence
 from .report import rows_from_csv, rows_from_text
 from .spec import load_study
 from .stats import fmt_p
+from .targets import per_seed_target
 
 SOURCES = ("Crossroads", "bViT", "SR-ViT", "LoopVAE", "recurvit")  # the table's order: the abstracts' claims first
 STUDYLESS = "claims.yaml"
@@ -41,6 +42,7 @@ RULE_TEXT = {
     "accounting": "accounting",
     "identity": "identity, tested",
     "needs": "needs",
+    "benchmark": "a target on a benchmark's figures: {bounds}",
     "target": "a target met per seed (counted, no mean taken): {bounds}",
 }
 
@@ -117,6 +119,8 @@ def _studyless(claim: Claim, root: Path, run_tests: bool = True) -> Tuple[str, s
         return figure, "identity, tested"
     if claim.rule == "accounting":
         return _accounting(claim, root)
+    if claim.rule == "benchmark":
+        return _benchmark(claim, root)
     return f"`{s['command']}`", f"needs {s['needs']}"
 
 
@@ -166,6 +170,34 @@ def _accounting(claim: Claim, root: Path) -> Tuple[str, str]:
             notes.append(f"{figure} {v:,.4g} vs paper {ref:,.4g}: {100 * off:.1f}% off")
     verdict = "within tolerance" if worst <= float(tol) else "outside tolerance"
     return f"{text} ({'; '.join(notes)}; tolerance {100 * float(tol):g}%)", verdict
+
+
+def _benchmark(claim: Claim, root: Path) -> Tuple[str, str]:
+    """A project's target on the figures of a benchmark's JSON (``file``; a figure ``"name.lo"`` reads the
+    lower end of the 95% interval of ratio ``name``): **target met** or **target missed**; not measured when
+    the file is absent or the benchmark found its machine loaded (its speeds are then not quotable)."""
+    s = claim.spec
+    path = root / s["file"]
+    if not path.is_file():
+        return f"`{s['command']}` has not run", "not measured yet"
+    data = json.loads(path.read_text())
+    got, notes = {}, []
+    for key in s["targets"]:
+        name, _, part = key.rpartition(".") if key.endswith((".lo", ".hi", ".mean")) else (key, "", "")
+        entry = data.get("ratios", {}).get(name) if part else data.get(key)
+        v = entry.get(part) if part and isinstance(entry, dict) else entry
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise UserError(f"claim {claim.id}: {path} has no figure {key}")
+        got[key] = float(v)
+        if part:
+            notes.append(f"{name} {entry['mean']:.2f} [{entry['lo']:.2f}, {entry['hi']:.2f}] ({entry['rounds']} rounds)")
+        else:
+            notes.append(f"{key} {v:.3g}")
+    figure = f"`{s['command']}`: " + "; ".join(notes)
+    if data.get("loaded"):
+        return figure + " — the machine was loaded: not quotable", "not measured (machine loaded)"
+    d = per_seed_target([got], s["targets"])
+    return figure, "target met" if d.estimate == 1 else "target missed"
 
 
 # --------------------------------------------------------------- which runs a claim reads (history)
@@ -294,6 +326,9 @@ def collect(root: Path) -> List[Line]:
     if studyless.is_file():
         for c in load_claims(studyless):
             figure, verdict = _studyless(c, root)
-            lines.append(Line(c, "", figure, verdict, "-"))
+            came = "-"
+            if c.rule == "benchmark":  # its figures come from a file: the rule came before or after its first commit
+                came = rule_came(root, studyless, c.id, root / c.spec["file"], (), c.spec.get("seen", ()))
+            lines.append(Line(c, "", figure, verdict, came))
     order = {s: i for i, s in enumerate(SOURCES)}
     return sorted(lines, key=lambda ln: order.get(ln.claim.source, len(order)))
