@@ -9,6 +9,9 @@ option sets worth checking for the cores here). For each core and option set:
 - ``step_of_call`` (the step a probe is told) and the ``step`` the core passes to the block
   (``block(z, step=k)``: what step conditioning and per-step adapters read) equal the step the
   call runs in;
+- every core runs on inputs larger than it was built for, with the learned position embedding resampled
+  (``dynamic_img_size``) and with 2D rotary embeddings (``pos_embed="rope"``), and its step states there
+  are those of one pass;
 - every core answers ``step_program`` (the step a step-program export traces): a StepPlan whose steps,
   chained in eager PyTorch with the step index as a tensor, give the states of one pass, past the
   trained steps where the core runs that far; or NoStepProgram with its reason in one line.
@@ -191,3 +194,22 @@ def test_the_step_program_chained_in_eager_gives_the_states_of_one_pass(name, op
             vals.update(zip(plan.state, out))
             got = plan.tokens(*[vals[n] for n in plan.readout_inputs])
             torch.testing.assert_close(got, want[k - 1], rtol=1e-5, atol=1e-5, msg=f"step {k}")
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+@pytest.mark.parametrize("name,opts", CASES, ids=IDS)
+def test_every_core_runs_on_a_larger_input(name, opts, pos):
+    base = _model(name, opts)  # the steps its core runs at STEPS blocks
+    preset = "bvit_tiny" if CORES[name].shares_blocks else "vit_tiny"
+    kw = dict(core=name, **TINY, dynamic_img_size=True, pos_embed=pos, **opts)
+    torch.manual_seed(0)
+    try:
+        model = create_model(preset, steps=STEPS, **kw).eval()
+    except ValueError:
+        model = create_model(preset, depth=STEPS, steps=base.nominal_steps, **kw).eval()
+    big = torch.randn(2, TINY["in_chans"], 2 * TINY["img_size"], 2 * TINY["img_size"],
+                      generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out, steps = model(big), model.forward_steps(big)
+    assert out.shape == (2, TINY["num_classes"]) and torch.isfinite(out).all()
+    torch.testing.assert_close(steps[-1], out)

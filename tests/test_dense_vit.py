@@ -77,3 +77,46 @@ def test_the_dense_heads_flops_are_counted_as_stated():
     for steps in (1, 3):
         counted = measure_flops(m, (3, 24, 24), steps=steps, train=False)["flops_forward"]
         assert counted == analytic_flops(m.cfg, steps)
+
+
+def test_rope_scores_depend_on_the_tokens_offset_alone_on_any_grid():
+    """pos_embed=rope: the same two tokens placed at the same offset give the same attention logit q.k on a
+    4x4 grid and anywhere on a 7x7 one (what lets a block trained on small mazes attend alike on large ones);
+    a learned absolute embedding has no such identity (it is added to the tokens)."""
+    from recurvit.layers.attention import Attention
+
+    torch.manual_seed(0)
+    att = Attention(16, num_heads=2, rope=True).eval()
+    small, big = torch.randn(1, 16, 16), torch.randn(1, 49, 16)
+    a, b = (0, 1), (2, 3)  # two tokens of the 4x4 grid (row, col), offset (2, 2)
+    for shift in ((0, 0), (3, 2), (1, 3)):
+        for (r, c) in (a, b):
+            big[0, (r + shift[0]) * 7 + c + shift[1]] = small[0, r * 4 + c]
+
+        def logit(x, g, u, v):
+            q, k, _ = att._qk(att.qkv(x).reshape(1, g * g, 3, 2, 8).permute(2, 0, 3, 1, 4))
+            return (q[0, :, u] * k[0, :, v]).sum(-1)
+
+        i, j = a[0] * 4 + a[1], b[0] * 4 + b[1]
+        I, J = (a[0] + shift[0]) * 7 + a[1] + shift[1], (b[0] + shift[0]) * 7 + b[1] + shift[1]
+        torch.testing.assert_close(logit(small, 4, i, j), logit(big, 7, I, J))
+    with pytest.raises(ValueError, match="square grid"):
+        att(torch.randn(1, 15, 16))
+
+
+def test_a_rope_model_has_no_absolute_embedding_and_runs_and_learns_at_a_larger_size():
+    m = _dense(pos_embed="rope")  # no dynamic_img_size needed: nothing is stored per position
+    learned = _dense()
+    assert m.pos_embed is None and "pos_embed" not in m.state_dict()
+    assert set(learned.state_dict()) - set(m.state_dict()) == {"pos_embed"}
+    with torch.no_grad():
+        out = m.forward_steps(_x(72), steps=4)
+        assert out.shape == (4, 2, 2, 72, 72) and torch.isfinite(out).all()
+        torch.testing.assert_close(out[2], m(_x(72)))
+    m.train()
+    F.cross_entropy(m(_x(40)), torch.randint(0, 2, (2, 40, 40))).backward()
+    assert m.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="pos_embed must be one of learned, rope"):
+        _dense(pos_embed="sincos")
+    with pytest.raises(ValueError, match="divisible by 4"):
+        _dense(pos_embed="rope", embed_dim=36, num_heads=6)  # a head dim of 6

@@ -35,6 +35,9 @@ class ViTFields:
     dense: bool = False  # per-pixel logits (B, classes, H, W): each patch token predicts its p x p pixels
     dynamic_img_size: bool = False  # any square input (a multiple of patch_size): the position embedding is
     # resampled to the input's patch grid as timm's dynamic_img_size does (bicubic, timm's resample_abs_pos_embed)
+    pos_embed: str = "learned"  # learned: an absolute embedding added to the patch tokens (timm's); rope: no
+    # absolute embedding, a 2D rotary embedding of the integer patch coordinates on q and k in every attention
+    # (timm's RotaryEmbeddingCat, as EVA): attention scores depend on relative offsets only, the same on any grid
 
 
 @dataclass

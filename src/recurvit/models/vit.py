@@ -8,7 +8,9 @@ With ``core="recurrent"`` it is bViT: the same embedding and readout around ONE 
 each token's head giving its p x p pixels (a dense task such as the mazes of data/mazes.py).
 ``dynamic_img_size=True`` runs a model at any square input size (a multiple of the patch size): the
 learned position embedding is resampled to the input's patch grid by timm's ``resample_abs_pos_embed``
-(at the built size nothing is resampled: the model is the one it was).
+(at the built size nothing is resampled: the model is the one it was). ``pos_embed="rope"`` has no absolute
+embedding: every attention rotates q and k by the tokens' integer grid coordinates (layers/attention.py), so
+the block sees the same relative geometry on a larger grid (no ``pos_embed`` parameter; not timm's layout).
 
 Every core also answers timm's model contract (``forward_intermediates``, ``reset_classifier``,
 ``group_matcher``, ... in timm_contract.py, where an intermediate is the state after a STEP), and
@@ -29,6 +31,8 @@ from .adaptive import forward_adaptive
 from .cores import Core, core_class
 from .registry import WIDTHS, register
 from .timm_contract import POOLS, TimmContract
+
+POS_EMBEDS = ("learned", "rope")  # ViTFields.pos_embed
 
 
 @dataclass
@@ -90,11 +94,16 @@ class VisionTransformer(TimmContract, nn.Module):
         self.num_prefix_tokens = 1 if cfg.class_token else 0
         self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, D)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
-        self.pos_embed = nn.Parameter(torch.randn(1, cfg.num_patches + self.num_prefix_tokens, D) * 0.02)
+        if cfg.pos_embed not in POS_EMBEDS:
+            raise ValueError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}, got '{cfg.pos_embed}'")
+        rope = cfg.pos_embed == "rope"
+        self.pos_embed = (None if rope else
+                          nn.Parameter(torch.randn(1, cfg.num_patches + self.num_prefix_tokens, D) * 0.02))
         # recurrence shares one drop-path rate; a stack ramps it linearly as timm does
         dpr = [cfg.drop_path * i / (cfg.depth - 1) for i in range(cfg.depth)] if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nn.ModuleList([
-            Block(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, cfg.init_values, dpr[i]) for i in range(cfg.depth)
+            Block(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, cfg.init_values, dpr[i], rope=rope,
+                  num_prefix_tokens=self.num_prefix_tokens) for i in range(cfg.depth)
         ])
         self.core = cfg.core_cls(cfg)
         use_fc_norm = cfg.global_pool == "avg"
@@ -108,7 +117,8 @@ class VisionTransformer(TimmContract, nn.Module):
     def _build_heads(self, num_classes: int) -> None:
         """``head`` (and ``stage_heads``: one more per deep-supervision stage) with ``num_classes``
         outputs on the model's device and dtype; nn.Identity and no stage heads for 0."""
-        dd = dict(device=self.pos_embed.device, dtype=self.pos_embed.dtype)
+        w = self.patch_embed.proj.weight
+        dd = dict(device=w.device, dtype=w.dtype)
 
         outputs = num_classes * self.cfg.patch_size ** 2 if self.cfg.dense else num_classes  # dense: a patch's pixels
 
@@ -121,7 +131,8 @@ class VisionTransformer(TimmContract, nn.Module):
 
     # ------------------------------------------------------------------ init
     def _init_weights(self):
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.pos_embed is not None:
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         for m in self.modules():
@@ -147,6 +158,8 @@ class VisionTransformer(TimmContract, nn.Module):
         x = self.patch_embed(x)  # (B, N, D)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
+        if self.pos_embed is None:  # rope: positions enter in every attention
+            return x
         return x + self.pos_embed_for(grid)
 
     def pos_embed_for(self, grid: Tuple[int, int]) -> torch.Tensor:
