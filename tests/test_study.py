@@ -401,7 +401,7 @@ def test_a_study_resumes_from_its_results_folder_on_a_machine_without_its_runs(s
     assert rows[0]["plateau_test"] is None  # one epoch: no plateau to read
 
 
-def test_a_report_rebuilt_from_its_table_archives_nothing_and_keeps_its_comparisons(tmp_path, capsys):
+def test_a_report_rebuilt_from_its_table_archives_nothing_and_keeps_its_comparisons(tmp_path, capsys, monkeypatch):
     """On a machine without the run directories, --report-only rebuilds the report from results.csv; the
     table's rows are not results, so no result.json is made from them (a later report would read those)."""
     (tmp_path / "base.yaml").write_text(BASE)
@@ -413,12 +413,18 @@ def test_a_report_rebuilt_from_its_table_archives_nothing_and_keeps_its_comparis
              "epochs": 1, "params": 10, "params_stored": 10, "flops_forward": 100, "nfe": 2, "chance": 0.1,
              "acc_T": 0.5 + 0.1 * (g == "rec") + 0.01 * s, "train_seconds": 1.0}
             for g in ("rec", "vit") for s in (0, 1)]
-    write_report(rows, study, study.results)
+    write_report(rows, study, study.results, command="recurvit study s.yaml --workers 2")
     before = (study.results / "report.md").read_text()
     assert "| rec − vit | acc@T | +10.00 |" in before
     assert main(["study", str(tmp_path / "s.yaml"), "--report-only"]) == 0
     assert not (study.results / "runs").exists()
-    assert "| rec − vit | acc@T | +10.00 |" in (study.results / "report.md").read_text()
+    after = (study.results / "report.md").read_text()
+    assert "| rec − vit | acc@T | +10.00 |" in after
+    assert after == before  # the command that made the runs is kept: a rewrite changes nothing it need not
+    (study.results / "report.md").write_text(before.replace("Command:", "Comand:"))  # none to keep: say so
+    monkeypatch.setattr("sys.argv", ["recurvit", "study", str(tmp_path / "s.yaml"), "--report-only"])
+    assert main(["study", str(tmp_path / "s.yaml"), "--report-only"]) == 0
+    assert "s.yaml    # this report: --report-only" in (study.results / "report.md").read_text()
 
 
 def test_a_report_rebuilt_from_its_table_keeps_the_variant_table_and_the_curve_plots(tmp_path):

@@ -134,8 +134,11 @@ def _run(args, study, out, workers, opts) -> int:
     else:
         rows = run_study(study, out, workers=workers, progress=not args.json, log=log, only=args.only)
     command = "recurvit study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["study"] else ""
-    if args.report_only and command:  # the command that made the runs, not the one that re-read them
-        command = f"recurvit study {shlex.quote(str(args.study))}    # this report: --report-only"
+    if args.report_only:  # the command that made the runs (the report's own), not the one that re-read them
+        from ..study.report import report_command
+
+        command = (report_command((study.results or out) / "report.md")
+                   or (command and f"recurvit study {shlex.quote(str(args.study))}    # this report: --report-only"))
     try:
         report = write_report(rows, study, study.results or out, command=command)
     except (KeyError, TypeError) as e:  # rows rebuilt from a hand-edited or foreign results.csv

@@ -6,7 +6,7 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import UserError
 from ..run.atomic import write_atomic
@@ -154,6 +154,19 @@ def _not_run_yet(study: Study, rows: List[Dict[str, Any]]) -> List[str]:
     cells_text = ", ".join(f"`{c}` ({n})" for c, n in per_cell.items())
     return [f"**Partial study**: {len(study.runs) - len(missing)} of its {len(study.runs)} runs are in; not run yet "
             f"(runs): {cells_text}. The same command continues it.", ""]
+
+
+def report_command(report: Path) -> Optional[str]:
+    """The command a written report names (its ``Command:`` block), or None: what a report rewritten
+    with ``--report-only`` keeps, since that command made the runs and the rewrite made none."""
+    try:
+        lines = report.read_text().splitlines()
+    except OSError:
+        return None
+    for i, line in enumerate(lines[:-2]):
+        if line == "Command:" and lines[i + 2] == "```" and i + 3 < len(lines):
+            return lines[i + 3]
+    return None
 
 
 def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, command: str = "") -> Path:
