@@ -8,8 +8,10 @@ For each trained run (its last.pt, as the registered study reads it): the step p
 quantization, int8 MatMul weights), run side by side on the run's test split, each along its own trajectory
 (``recurvit.export.int8.quantization_error``). After every step k: the share of test images whose argmax
 differs, the mean |logit difference| and the mean relative error of the state ||z_int8 - z_fp32|| /
-||z_fp32||; and the test accuracy of both at the trained depth. Speed plays no part, so a loaded machine
-changes none of these figures. Writes benchmarks/results/int8-steps.md (``--out``); nothing is chosen on the
+||z_fp32||; and the test accuracy of both at the trained depth. Beside them, torch's own int8: PT2E static
+quantization (``recurvit.export.int8.quantize_pt2e``, torchao), calibrated on 512 images of the run's
+training split (its held-out part where it has one) (never the test split), its test accuracy and its agreement with fp32 at the trained depth.
+Speed plays no part, so a loaded machine changes none of these figures. Writes benchmarks/results/int8-steps.md (``--out``); nothing is chosen on the
 test split (there is nothing to choose).
 """
 from __future__ import annotations
@@ -25,27 +27,46 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-def test_split(run: Path):
+CALIBRATION = 512  # PT2E calibration images, from the run's training split
+
+
+def splits(run: Path):
+    """(CALIBRATION training images, read with the test transform: of the run's held-out split where it has one,
+    else of the seeded calibration split; the test images; their labels)."""
+    from torch.utils.data import Subset
+
     from recurvit.config import load_config
     from recurvit.data import build_datasets
+    from recurvit.data.calibration import calibration_split, holdout_split
     from recurvit.run.loaders import run_data
 
-    _, test, _ = build_datasets(run_data(load_config(run / "config.yaml")))
+    cfg = load_config(run / "config.yaml")
+    train, test, _ = build_datasets(run_data(cfg))
+    full = train.dataset if isinstance(train, Subset) else train  # a run with a held-out split: the whole split
+    calib = holdout_split(full, test, cfg.data.holdout) if cfg.data.holdout else calibration_split(full, test)
     items = [test[i] for i in range(len(test))]
-    return torch.stack([x for x, _ in items]), torch.as_tensor([y for _, y in items])
+    calib_x = torch.stack([calib[i][0] for i in range(min(CALIBRATION, len(calib)))])
+    return calib_x, torch.stack([x for x, _ in items]), torch.as_tensor([y for _, y in items])
 
 
 def measure(run: Path, tmp: Path, threads: int) -> dict:
     import recurvit
     import recurvit.tasks  # noqa: F401  (registers the checkpoint readers)
-    from recurvit.export.int8 import quantization_error, quantize_steps
+    from recurvit.export.deploy import batches_of
+    from recurvit.export.int8 import quantization_error, quantize_pt2e, quantize_steps
     from recurvit.export.steps import export_steps
 
     model = recurvit.load_model(run / "last.pt").eval()
     fp32 = export_steps(model, tmp / f"{run.name}-steps", "onnx")
     int8 = quantize_steps(fp32, tmp / f"{run.name}-steps-int8")
-    x, y = test_split(run)
+    calib, x, y = splits(run)
     report = quantization_error(fp32, int8, x, y, threads=threads)
+    pt2e = quantize_pt2e(model, calib)  # calibrated on training images only: the test split is read below
+    with torch.no_grad():
+        ref = torch.cat([model(b).argmax(-1) for b in batches_of(x)])
+        got = torch.cat([pt2e(b).argmax(-1) for b in batches_of(x)])
+    report["pt2e"] = {"accuracy_fp32": float((ref == y).double().mean()), "accuracy": float((got == y).double().mean()),
+                      "agreement": float((got == ref).double().mean()), "calibration_images": len(calib)}
     c = model.cfg
     blocks = len(model.blocks)
     report["label"] = (f"{run.name}: {c.core_cls.describe(c)}, {model.nominal_steps} steps, {blocks} "
@@ -69,6 +90,11 @@ def render(reports: Sequence[dict], command: str) -> str:
                 f"{first['state_rel_error']:.4f} after step 1 to {last['state_rel_error']:.4f} after step "
                 f"{last['step']} ({last['state_rel_error'] / max(first['state_rel_error'], 1e-12):.1f}x).", "",
                 error_table(r), ""]
+        q = r["pt2e"]
+        out[-1:-1] = ["", f"PT2E (torch, static int8 weights and activations, calibrated on {q['calibration_images']} "
+                          f"training images): test accuracy {100 * q['accuracy']:.2f}% against eager fp32 "
+                          f"{100 * q['accuracy_fp32']:.2f}% ({100 * (q['accuracy'] - q['accuracy_fp32']):+.2f} points); "
+                          f"the same answer as fp32 on {100 * q['agreement']:.2f}% of the test images."]
     return "\n".join(out)
 
 

@@ -3,6 +3,7 @@ there, int8 stores fewer bytes, and the certified exit's threshold is calibrated
 split only: the test split is not read until the threshold is fixed (a counting wrapper around it), and the
 calibration images are exactly the held-out part of the training split."""
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -136,3 +137,5 @@ def test_the_int8_table_follows_the_error_over_every_step(run, tmp_path):
     errors = [float(r.split("|")[5]) for r in rows]
     assert all(e > 0 for e in errors)  # int8 changed the state at every step
     assert "Test accuracy at the trained depth: fp32 " in text
+    pt2e = re.search(r"PT2E .* test accuracy ([\d.]+)% against eager fp32 ([\d.]+)% .* same answer as fp32 on ([\d.]+)%", text)
+    assert pt2e and 0 <= float(pt2e[1]) <= 100 and 50 <= float(pt2e[3]) <= 100  # int8 keeps most answers

@@ -16,8 +16,14 @@ A shared block applies its quantization error at every step, and a step's input 
 quantized output: :func:`quantization_error` runs the fp32 and the int8 programs each along its OWN
 trajectory (what a deployment sees) and reports, after every step, the readout's max |logit difference|,
 the fraction of images whose argmax differs and the relative error of the state; for a stack the step is a
-block, so the same rows are the per-layer error of a ViT. (torch's PT2E quantization lives in torchao, which
-this project does not install; ``torch.ao.quantization.quantize_pt2e`` is gone from torch 2.14.)
+block, so the same rows are the per-layer error of a ViT.
+
+:func:`quantize_pt2e` is the same question in torch: PT2E static quantization (torchao's ``prepare_pt2e`` /
+``convert_pt2e`` with the x86 inductor quantizer, ``torch.ao.quantization.quantize_pt2e`` having moved there
+from torch 2.14): the model captured by ``torch.export`` (a recurrent core unrolled over its steps, every
+application of the shared block observed on its own), calibrated on images the caller gives (never the test
+split), int8 weights and activations in the reference representation, which runs in eager PyTorch (and fuses to
+int8 kernels under ``torch.compile``).
 """
 from __future__ import annotations
 
@@ -160,6 +166,28 @@ def quantization_error(fp32, int8, images: torch.Tensor, labels: Optional[torch.
     if labels is not None:
         out["accuracy"] = {k: v / n for k, v in right.items()}
     return out
+
+
+def quantize_pt2e(model: torch.nn.Module, calibration: torch.Tensor, batch_size: int = 256) -> torch.nn.Module:
+    """``model`` (eval mode, on CPU) quantized by PT2E static int8 quantization, calibrated on the images
+    ``calibration`` (see the module docstring); the returned module takes the same input. Needs torchao
+    (``pip install torchao``, or the ``quant`` extra): a UserError says so where it is absent."""
+    try:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
+    except ImportError as e:
+        raise UserError(f"PT2E quantization needs torchao ({e}); pip install torchao") from None
+    model = model.eval()
+    batches = batches_of(calibration, batch_size)
+    dim = torch.export.Dim("batch", min=1, max=max(2, batch_size))
+    graph = torch.export.export(model, (batches[0],), dynamic_shapes=({0: dim},)).module()
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(graph, quantizer)
+    with torch.no_grad():
+        for x in batches:  # calibration: the observers see these images only
+            prepared(x)
+    return convert_pt2e(prepared)
 
 
 def error_table(report: dict, every: Sequence[int] = ()) -> str:
