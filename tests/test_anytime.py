@@ -1,4 +1,4 @@
-"""Anytime inference (issue 15): per-image exits equal fixed-depth readouts, compaction shrinks the
+"""Anytime inference: per-image exits equal fixed-depth readouts, compaction shrinks the
 work, calibration reads only training images (held out from training with data.holdout), never the test
 split, the exit command and the experiment script."""
 import json

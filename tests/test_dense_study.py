@@ -40,14 +40,14 @@ claims:
     b: {block: dt}
     side: 1
   thinks_longer:
-    source: issue 40
+    source: recurvit
     words: at the largest size, solved rises with test-time iterations (per doubling)
     rule: superiority
     figure: solved_9_slope
     a: {block: vit}
     side: 1
   thinks_longer_10T:
-    source: issue 40
+    source: recurvit
     words: at the largest size, solved at 10T exceeds solved at T
     rule: superiority
     figure: solved_9_10T - solved_9
@@ -62,14 +62,14 @@ claims:
     b: {block: dt}
     margin: 0.01
   rule_grows:
-    source: issue 40
+    source: recurvit
     words: the stopping rule uses more iterations on larger mazes
     rule: superiority
     figure: rule_stable_iters_slope
     a: {block: dt}
     side: 1
   target_4x:
-    source: issue 40
+    source: recurvit
     words: at least 90% of the largest mazes solved at 10T in every seed
     rule: target
     a: {block: vit}

@@ -1,4 +1,4 @@
-"""benchmarks/deploy_table.py (issue 43's deployment table) on a tiny digits run: every row and column is
+"""benchmarks/deploy_table.py (the deployment table) on a tiny digits run: every row and column is
 there, int8 stores fewer bytes, and the certified exit's threshold is calibrated on the run's validation
 split only: the test split is not read until the threshold is fixed (a counting wrapper around it), and the
 calibration images are exactly the held-out part of the training split."""

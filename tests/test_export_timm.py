@@ -1,4 +1,4 @@
-"""An export timm can fine-tune and validate (issue 41): ``recurvit export --format hf`` writes what timm's
+"""An export timm can fine-tune and validate: ``recurvit export --format hf`` writes what timm's
 own ``save_for_hf`` writes, under the model's real shape name; timm's standard calls (``local-dir:`` with a
 new head, ``in_chans=3``, ``resolve_data_config``) and the pipelines of timm's validate.py / onnx_validate.py
 give recurvit's own accuracy without extra flags; ``recurvit.load_model`` reads an exported folder (with

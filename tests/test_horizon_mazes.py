@@ -1,4 +1,4 @@
-"""`recurvit horizon` on a maze run (issue 40): solved after every iteration up to K at every test size, in
+"""`recurvit horizon` on a maze run: solved after every iteration up to K at every test size, in
 one pass a batch, the same figures as the library's sweep of the run (analysis/mazes.sweep_run), and one
 line with exit 2 for a size no maze can have."""
 import csv

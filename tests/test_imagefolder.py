@@ -1,4 +1,4 @@
-"""Image folders that just work (issue 41, item 2): the default size comes from the images, ONE img_size
+"""Image folders that just work: the default size comes from the images, ONE img_size
 setting (model.img_size or data.img_size) sizes model and data, a run whose first batches predict hours
 stops, and predict reads an image of any shape as timm's eval transform does (the crop stored with the run)."""
 import json

@@ -396,7 +396,7 @@ def test_a_float_image_of_nan_is_refused_in_one_line(tmp_path, capsys):
     assert load_image(str(ok)).size == (8, 8)  # a finite float image still reads
 
 
-# ------------------------------- links planted in a run folder, tags in overrides (issue 39's payload probe)
+# ------------------------------- links planted in a run folder, tags in overrides (a payload probe)
 def _plant(link, target):
     link.parent.mkdir(parents=True, exist_ok=True)
     link.unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""LoopVAE (issue 7): shapes, gradients, loop/scale conditioning, interventions, metrics, data,
+"""LoopVAE: shapes, gradients, loop/scale conditioning, interventions, metrics, data,
 training with resume, and the `recurvit vae` command line. Small models only (CPU, < 60 s)."""
 from __future__ import annotations
 

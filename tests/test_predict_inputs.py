@@ -1,4 +1,4 @@
-"""recurvit.predict takes what a user has at hand (issue 41): a path, a folder, a list of paths, PIL images
+"""recurvit.predict takes what a user has at hand: a path, a folder, a list of paths, PIL images
 or a tensor; and `recurvit predict ... | head` ends quietly (no traceback) with status 141 (SIGPIPE's)."""
 import subprocess
 import sys

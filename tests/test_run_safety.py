@@ -1,4 +1,4 @@
-"""Run safety (issue 12) through the real CLI: one writer per run directory, resume that says what it
+"""Run safety through the real CLI: one writer per run directory, resume that says what it
 changes, one line and exit 2 for a user's mistake, output that fits a pipe. Real subprocesses where
 processes are the point (locks, kill -9, pipes); the CLI's own ``main`` in-process elsewhere."""
 import json

@@ -1,4 +1,4 @@
-"""The step-program export (issue 43): embed / step / readout programs a runtime can stop between steps.
+"""The step-program export: embed / step / readout programs a runtime can stop between steps.
 
 Against eager PyTorch, on tiny models: the programs run to a fixed depth give ``model(x)`` and every step
 of ``model.forward_steps(x)``; ``StepProgram.adaptive`` gives the predictions and per-image exit steps of

@@ -1,4 +1,4 @@
-"""A new user's first hour, outside the repository folder (issue 41's "done when"): train from a packaged config
+"""A new user's first hour, outside the repository folder: train from a packaged config
 by name, predict on non-square PNGs, export, fine-tune the export with timm's own call and validate it with
 timm's validate.py pipeline at its defaults. Every command runs as the installed `recurvit` would, in a fresh
 process whose working folder holds nothing of the repository."""

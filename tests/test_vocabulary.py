@@ -1,4 +1,4 @@
-"""One vocabulary across commands (issue 41, docs/cli.md): --steps, --out, --num-images, timm-style model
+"""One vocabulary across commands (docs/cli.md): --steps, --out, --num-images, timm-style model
 names; old spellings accepted with a one-line note; the interrupt message names the run; the ODE core's
 ONNX refusal is one clean line."""
 import json
