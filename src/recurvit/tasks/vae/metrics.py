@@ -23,6 +23,13 @@
   Inception-v3 ImageNet weights (rFID here uses torchvision's Inception, so figures are close to
   but not identical with the TF-Inception FID of papers; with fewer test images than the 2048
   feature dimensions the covariances are singular and rFID is only a rough figure).
+
+Which are a library's and which are written here, and why: LPIPS is the ``lpips`` package's own where it is
+installed. SSIM and PSNR stay here, batched in torch on the model's device and held to scikit-image's figures by
+a test; torchmetrics' SSIM pads the image and averages over every position, so its figure differs from
+scikit-image's (the one the committed LoopVAE reports hold) near the borders of small images. The Fréchet
+distance stays here because torchmetrics' and torch-fidelity's FID fetch their Inception weights from the
+network when first used, which this project's machines cannot do; here the user names a local weights file.
 """
 from __future__ import annotations
 
