@@ -16,7 +16,7 @@ At DeepThinking's maze width (128) dt_net_recall has 783,504 parameters, dt_net 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Type
+from typing import Any, List, Optional, Sequence, Tuple, Type
 
 import torch
 import torch.nn as nn
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ..layers.conv_block import ConvBlock, conv3x3
 from .cores import Core, core_class
+from .stepping import Stepping
 from .registry import register
 
 
@@ -67,7 +68,7 @@ class DTNetConfig:
         return core_class(self.core)
 
 
-class DTNet(nn.Module):
+class DTNet(Stepping, nn.Module):
     def __init__(self, cfg: DTNetConfig):
         super().__init__()
         self.cfg = cfg
@@ -86,33 +87,12 @@ class DTNet(nn.Module):
         layers.append(conv3x3(chans, cfg.num_classes))
         self.head = nn.Sequential(*layers)
 
-    @property
-    def nominal_steps(self) -> int:
-        return self.core.nominal_steps
-
-    @property
-    def nfe(self) -> int:
-        return self.core.nfe
-
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Image (B, C, H, W) -> the state at step 0, channels-last (B, H, W, embed_dim)."""
         h = F.relu(self.projection(x))
         if self.cfg.recall:
             h = torch.cat([h, x], dim=1)  # DeepThinking's recall input, carried in the state
         return h.permute(0, 2, 3, 1)
-
-    def iter_states(self, x: torch.Tensor, steps: Optional[int] = None,
-                    grad_last: Optional[int] = None) -> Iterator[torch.Tensor]:
-        """Yields the state (B, H, W, embed_dim) after each of ``steps`` block applications."""
-        steps = self.core.check_steps(steps)
-        return self.core.states(self.blocks, self.embed(x), steps, grad_last=grad_last)
-
-    def forward_features(self, x: torch.Tensor, steps: Optional[int] = None,
-                         grad_last: Optional[int] = None) -> torch.Tensor:
-        z = None
-        for z in self.iter_states(x, steps, grad_last):
-            pass
-        return self.norm(z)
 
     def forward_head(self, z: torch.Tensor, *, step: Optional[int] = None) -> torch.Tensor:
         """State (B, H, W, embed_dim) -> per-pixel logits (B, num_classes, H, W); the input channels a

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, is_dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 import torch.nn as nn
@@ -30,6 +30,7 @@ from ..model_fields import ViTFields
 from .adaptive import forward_adaptive
 from .cores import Core, core_class
 from .registry import WIDTHS, register
+from .stepping import Stepping
 from .timm_contract import POOLS, TimmContract
 
 POS_EMBEDS = ("learned", "rope")  # ViTFields.pos_embed
@@ -72,7 +73,7 @@ def _as_mapping(options: Any) -> Dict[str, Any]:
     return dict(options)
 
 
-class VisionTransformer(TimmContract, nn.Module):
+class VisionTransformer(Stepping, TimmContract, nn.Module):
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.cfg = cfg
@@ -149,10 +150,6 @@ class VisionTransformer(TimmContract, nn.Module):
         return {"pos_embed", "cls_token", "core.bias"}
 
     # --------------------------------------------------------------- forward
-    @property
-    def nominal_steps(self) -> int:
-        return self.core.nominal_steps
-
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         grid = (x.shape[-2] // self.cfg.patch_size, x.shape[-1] // self.cfg.patch_size)
         x = self.patch_embed(x)  # (B, N, D)
@@ -172,19 +169,6 @@ class VisionTransformer(TimmContract, nn.Module):
 
         return resample_abs_pos_embed(self.pos_embed, list(grid), [built, built],
                                       num_prefix_tokens=self.num_prefix_tokens)
-
-    def iter_states(self, x: torch.Tensor, steps: Optional[int] = None,
-                    grad_last: Optional[int] = None) -> Iterator[torch.Tensor]:
-        """Yields the token state (B, T, D) after each of ``steps`` block applications."""
-        steps = self.core.check_steps(steps)
-        return self.core.states(self.blocks, self.embed(x), steps, grad_last=grad_last)
-
-    def forward_features(self, x: torch.Tensor, steps: Optional[int] = None,
-                         grad_last: Optional[int] = None) -> torch.Tensor:
-        z = None
-        for z in self.iter_states(x, steps, grad_last):
-            pass
-        return self.norm(z)
 
     def stage_of(self, step: int) -> int:
         """Deep-supervision stage (0-based) whose head reads out after ``step`` (1-based)."""
@@ -249,10 +233,6 @@ class VisionTransformer(TimmContract, nn.Module):
             if k in want:
                 out.append(self.forward_head(self.norm(z), step=k))
         return torch.stack(out)
-
-    @property
-    def nfe(self) -> int:
-        return self.core.nfe
 
     def extra_repr(self) -> str:
         return f"core={self.cfg.core}, steps={self.cfg.steps}"
