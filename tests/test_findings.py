@@ -113,7 +113,7 @@ def test_a_benchmark_target_reads_the_interval_and_a_loaded_machine_is_not_a_ver
 
     write(False, 1.02, 0.96)
     (line,) = collect(root)
-    assert line.verdict == "target met" and "b1 onnx bvit over vit 1.10 [1.02, 1.20] (10 rounds)" in line.figure
+    assert line.verdict == "target met" and "b1 onnx bvit over vit 1.100 [1.020, 1.200] (10 rounds)" in line.figure
     write(False, 0.98, 0.96)  # the mean clears 1.0, the interval does not: missed
     assert verdicts(root) == {"speed": "target missed"}
     write(True, 1.02, 0.96)

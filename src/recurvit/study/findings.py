@@ -190,7 +190,7 @@ def _benchmark(claim: Claim, root: Path) -> Tuple[str, str]:
             raise UserError(f"claim {claim.id}: {path} has no figure {key}")
         got[key] = float(v)
         if part:
-            notes.append(f"{name} {entry['mean']:.2f} [{entry['lo']:.2f}, {entry['hi']:.2f}] ({entry['rounds']} rounds)")
+            notes.append(f"{name} {entry['mean']:.3f} [{entry['lo']:.3f}, {entry['hi']:.3f}] ({entry['rounds']} rounds)")
         else:
             notes.append(f"{key} {v:.3g}")
     figure = f"`{s['command']}`: " + "; ".join(notes)
