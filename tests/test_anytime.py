@@ -22,6 +22,9 @@ MODELS = {  # (preset, options, max_steps): conditioning and re-injection so the
     "ode_euler": ("bvit_tiny", dict(steps=3, core="ode", method="euler", step_cond="scale", reinject=True), 5),
     "ode_rk4": ("bvit_tiny", dict(steps=3, core="ode", method="rk4", time_cond=True, reinject=True), 5),
     "stack_heads": ("vit_tiny", dict(depth=4, stage_heads=4), 4),
+    # SoftMoR steps too: a unit a step (inplace), or a pass whose readout reads the mixture so far (cycle)
+    "softmor_inplace": ("srvit_tiny", dict(depth=4, recursions=2, layout="inplace"), 4),
+    "softmor_cycle": ("srvit_tiny", dict(depth=2, recursions=4, layout="cycle", router="query"), 4),
 }
 _CACHE = {}
 
@@ -112,10 +115,8 @@ def test_what_cannot_exit_is_a_value_error():
     _, steps = forward_adaptive(plain, x, "kl", 1.0, min_steps=3)  # every block runs: allowed
     assert steps.tolist() == [3] * len(x)
     assert forward_adaptive(plain, x, "kl", 1.0, per_step_readouts=True)[1].max() <= 3
-    for name, kw in [("bvit_tiny", dict(core="ode", method="dopri5", steps=2)),
-                     ("srvit_tiny", dict(depth=2, recursions=2))]:
-        with pytest.raises(ValueError, match="one step at a time"):
-            forward_adaptive(create_model(name, **TINY, **kw).eval(), x, "kl", 1.0)
+    with pytest.raises(ValueError, match="one step at a time"):
+        forward_adaptive(create_model("bvit_tiny", **TINY, core="ode", method="dopri5", steps=2).eval(), x, "kl", 1.0)
 
 
 def _traj(K=4, N=40, seed=0):

@@ -132,6 +132,7 @@ def forward_adaptive(model: nn.Module, x: torch.Tensor, criterion: str = "kl", t
     K, m = plan_steps(model, max_steps, min_steps, per_step_readouts)
     core = model.core
     state = core.begin(model.blocks, model.embed(x))
+    z = state.z  # what the readout reads; the state criterion compares it with the step before
     B = x.shape[0]
     rows = torch.arange(B, device=x.device)  # the image of each row of `state`
     live = torch.ones(B, dtype=torch.bool, device=x.device)  # without compaction: not exited yet
@@ -139,7 +140,7 @@ def forward_adaptive(model: nn.Module, x: torch.Tensor, criterion: str = "kl", t
     out: Optional[torch.Tensor] = None
     prev_logp = None
     for k in range(1, K + 1):
-        prev_z = state.z
+        prev_z = z
         z = core.advance(state)
         logits = model.forward_head(model.norm(z), step=k)
         if out is None:
@@ -160,7 +161,7 @@ def forward_adaptive(model: nn.Module, x: torch.Tensor, criterion: str = "kl", t
             if keep.numel() == 0:
                 break
             if keep.numel() < len(rows):
-                state, rows, logp = state.select(keep), rows[keep], logp[keep]
+                state, rows, logp, z = state.select(keep), rows[keep], logp[keep], z[keep]
         else:
             live &= ~stop
             if not live.any():

@@ -28,7 +28,10 @@ never branch on a core's name:
 =========================  ======================================================================
 
 and of an instance: ``_advance(state)``, its ONE step (the state sequence ``states(blocks, z,
-steps, grad_last)``, every step in one pass, is derived from it in this file), ``nfe`` (block
+steps, grad_last)``, every step in one pass, is derived from it in this file for every core that can
+step; ``read(state)`` where the readout reads something other than the carried state, SoftMoR's
+mixture; only a core that integrates a whole trajectory at once, ``keeps_states``, writes its own
+``states``), ``nfe`` (block
 applications of the last forward) and ``step_of_call(n)`` (the 1-based step of the n-th block call
 of the running forward, for probes). Every block call tells the block its
 step, ``block(z, step=k)`` with k = ``step_of_call`` of that call: per-step adapters read it, and
@@ -37,7 +40,8 @@ checks all of this for every entry of ``CORES``).
 
 Per-step API (anytime inference, models/adaptive.py): ``s = core.begin(blocks, z)`` starts a forward
 from the embedded tokens and returns a :class:`StepState`; ``core.advance(s)`` applies ONE step to
-every row of ``s`` and returns the new state ``s.z``; ``s = s.select(idx)`` keeps only the rows
+every row of ``s`` and returns what the readout reads (``s.z``, the new state, but for a mixture);
+``s = s.select(idx)`` keeps only the rows
 ``idx`` (images that have not exited), with everything the core carries per image (the re-injected
 input x0 of a recurrence or an ODE field). After k advances ``s.z`` equals the k-th state of
 ``states(blocks, z, K)`` for each kept image. Cores for which ``cannot_step`` gives a reason raise
@@ -261,14 +265,12 @@ class Core(nn.Module):
 
     def states(self, blocks: nn.ModuleList, z: torch.Tensor, steps: int,
                grad_last: Optional[int] = None) -> Iterator[torch.Tensor]:
-        """The state after each of ``steps`` steps, in one pass. Derived here, once, from the core's one
-        step (``begin`` / ``advance``); a core that cannot step (``cannot_step``) defines its own (the ODE
-        core: one solve over the whole time grid; SoftMoR: a mixture over all recursions)."""
+        """What the readout reads after each of ``steps`` steps, in one pass. Derived here, once, from the
+        core's one step (``begin`` / ``advance``), for every core that can step; a core that integrates a
+        whole trajectory at once (``keeps_states``: the ODE core's adaptive solvers) defines its own."""
         state = self.begin(blocks, z)
         for t in range(steps):
-            with grad_ctx(t, steps, grad_last):
-                z = self.advance(state)
-            yield z
+            yield self.advance(state, lambda t=t: grad_ctx(t, steps, grad_last))
 
     def begin(self, blocks: nn.ModuleList, z: torch.Tensor) -> StepState:
         """Start a forward from the embedded tokens ``z``, to be advanced one step at a time."""
@@ -278,16 +280,28 @@ class Core(nn.Module):
         self.nfe = 0
         return StepState(blocks, z)
 
-    def advance(self, state: StepState) -> torch.Tensor:
-        """Apply step ``state.k + 1`` to every row of ``state``; returns (and stores) the new state."""
+    def advance(self, state: StepState, grad: Optional[Callable[[], Any]] = None) -> torch.Tensor:
+        """Apply step ``state.k + 1`` to every row of ``state``; returns what the readout reads after it (the
+        new carried state ``state.z``, unless the core reads something else: :meth:`read`). ``grad``: a
+        factory of the context the step's block applications run in (truncated backpropagation: no_grad)."""
         if self.limit is not None and state.k >= self.limit:
             raise ValueError(f"this {self.name} model runs at most {self.limit} steps")
-        state.z = self._advance(state)
+        state.z = self._advance_in(state, grad or nullcontext)
         state.k += 1
-        return state.z
+        return self.read(state)
+
+    def _advance_in(self, state: StepState, grad: Callable[[], Any]) -> torch.Tensor:
+        """The new carried state, the step's block applications in ``grad()``; the whole step by default (a
+        core with work outside its blocks, SoftMoR's router, says which part)."""
+        with grad():
+            return self._advance(state)
 
     def _advance(self, state: StepState) -> torch.Tensor:
         raise NotImplementedError
+
+    def read(self, state: StepState) -> torch.Tensor:
+        """What the readout reads after the last step: the carried state (SoftMoR's cycle: the mixture)."""
+        return state.z
 
     def step_program(self, blocks: nn.ModuleList) -> StepPlan:
         """This core's step as a :class:`StepPlan` for a step-program export, or NoStepProgram(reason)."""

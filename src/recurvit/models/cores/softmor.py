@@ -35,18 +35,11 @@ bias per unit would cancel in the softmax; a common shift of b_u is still a free
   r = 4, 224 px adds 1.77M). Parameters per unit: D^2 + r. Stored as ``core.query`` (units, D, D),
   ``core.bias`` (units, r).
 
-Exact cost (units U = L for ``inplace``, 1 for ``cycle``): ``router_params`` = U (D + r) or
-U (D^2 + r); matmul FLOPs per image with T tokens (``router_flops``, torch's flop-counter
-convention): query 2 T D^2 per unit run; the scores (2 T D per scored step, dot products as cheap
-as a LayerNorm) are not counted, as norms and softmax are not.
-
-Every router parameter starts at ZERO, so an untrained router mixes the steps uniformly
-(p_i = 1 / r). They are plain Parameters: the ViT weight init (Linear / LayerNorm modules only)
-leaves them at zero.
-
-With r = 1 the mixture has a single element with weight exactly 1 (softmax of one score), so the
-model computes exactly the plain ViT of the same shape, whatever the router holds; the router
-then gets (exactly) zero gradients.
+Exact cost (units U = L for ``inplace``, 1 for ``cycle``): ``router_params`` = U (D + r) or U (D^2 + r);
+``router_flops``: query 2 T D^2 per unit run (the scores, as norms and softmax, are not counted).
+Every router parameter starts at ZERO (the ViT init leaves plain Parameters alone), so an untrained
+router mixes the steps uniformly. With r = 1 the mixture is one element of weight exactly 1: the model
+is exactly the plain ViT of the same shape, and the router gets exactly zero gradients.
 
 Plain recursion (``mixture="last"``)
 ------------------------------------
@@ -54,26 +47,22 @@ The same recursion with the unit's LAST step output passed on, no router and no 
 baseline the SoftMoR abstract argues against ("simply increasing recursion depth does not reliably
 improve performance"). With r = 1 it is also exactly the ViT.
 
-What a step is (``states`` / ``forward_steps``)
------------------------------------------------
-- ``inplace``: a step is one UNIT (block l with its r recursions and its mixture). ``states``
-  yields the mixture after each unit, so ``forward_steps`` is a layer-wise readout as for the
-  ViT; nominal_steps = core.limit = L and ``model(x, steps=k)`` runs the first k units.
-- ``cycle``: a step is one CYCLE (a full pass through the stack). ``states`` yields the mixture
-  over the passes so far, m_c = sum_{i<=c} softmax_{i<=c}(s_i) h_i; the scores s_i do not depend
-  on c, so ``model(x, steps=c)`` is the model recursed c times and equals step c of a longer run.
-  nominal_steps = core.limit = r.
+What a step is (``begin`` / ``advance``; ``states`` and ``forward_steps`` derive from them)
+-------------------------------------------------------------------------------------------
+- ``inplace``: a step is one UNIT (block l, its r recursions, its mixture): a layer-wise readout as for
+  the ViT; nominal_steps = core.limit = L, ``model(x, steps=k)`` runs the first k units.
+- ``cycle``: a step is one CYCLE (a full pass through the stack); the readout reads the mixture over the
+  passes so far, m_c = sum_{i<=c} softmax_{i<=c}(s_i) h_i (the state carries the passes' outputs and
+  scores). The scores do not depend on c, so ``model(x, steps=c)`` equals step c of a longer run;
+  nominal_steps = core.limit = r. In both layouts ``forward_steps(x, K)[k-1] == model(x, steps=k)``, and
+  an anytime exit (``forward_adaptive``) stops an image after any step.
 
-In both layouts ``forward_steps(x, K)[k-1] == model(x, steps=k)``.
+``grad_last=k`` (truncated backprop): the block applications of all but the last k steps run without a
+graph; router scores and mixtures always record one (cheap; in ``cycle`` the final mixture weighs every pass).
 
-``grad_last=k`` (truncated backprop): the block applications of all but the last k steps run
-without a graph; router scores and mixtures always record one (they are cheap, and in the
-``cycle`` layout the final mixture still weighs every pass).
-
-``core.last_weights``: after a forward, a list with one detached float32 tensor (B, T, r) per
-unit run (``cycle``: one entry with one column per cycle run), positive, summing to one over the
-steps. Router scores and the softmax run in float32 (autocast off); the mixture is taken in the
-states' dtype.
+``core.last_weights``: after a forward, a list with one detached float32 tensor (B, T, r) per unit run
+(``cycle``: one entry with one column per cycle run), positive, summing to one over the steps. Router
+scores and the softmax run in float32 (autocast off); the mixture is taken in the states' dtype.
 
 Options (``SoftMoROptions``): recursions, layout, router, mixture. ``cfg.steps`` is L for
 ``inplace`` and r for ``cycle``.
@@ -84,13 +73,13 @@ import math
 import numbers
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import Core, StepPlan, check_choice, grad_ctx
+from .base import Core, StepPlan, check_choice
 
 LAYOUTS = ("inplace", "cycle")
 ROUTERS = ("linear", "query")
@@ -254,16 +243,48 @@ class SoftMoRCore(Core):
             m = (torch.stack(hs, dim=-2) * p.unsqueeze(-1).to(hs[0].dtype)).sum(dim=-2)
         return m, p
 
-    # ------------------------------------------------------------- forward
-    def states(self, blocks, z, steps, grad_last=None) -> Iterator[torch.Tensor]:
-        self.nfe = 0
-        self.last_weights = []
+    # ------------------------------------------------------------- forward: one step at a time
+    # (``states``, the readout after every step, is the base class's: begin, then advance step by step)
+    @classmethod
+    def cannot_step(cls, cfg) -> Optional[str]:
+        return None
+
+    def begin(self, blocks, z):
+        """``inplace``: the state is the tokens. ``cycle`` with the soft mixture: the tokens after the last
+        pass, every pass's output and router score so far (``hs``, ``scores``, per image), and the query
+        router's projected input ``q``; what the readout reads is their mixture (:meth:`read`)."""
         if len(blocks) != self.depth:
             raise ValueError(f"softmor core built for {self.depth} blocks, got {len(blocks)}")
+        state = super().begin(blocks, z)
+        self.last_weights = []
+        if self.layout == "cycle" and self.mixture == "soft":
+            state.rows.update(hs=[], scores=[])
+            if self.query is not None:
+                state.rows["q"] = self.unit_query(0, z)
+        return state
+
+    def _advance_in(self, state, grad):
+        """Unit ``k`` (``inplace``) or pass ``k`` (``cycle``): the block applications in ``grad()``, the router
+        and the mixture always with a graph (they are cheap, and the final mixture weighs every pass)."""
+        k = state.k
         if self.layout == "inplace":
-            yield from self._inplace(blocks, z, steps, grad_last)
-        else:
-            yield from self._cycle(blocks, z, steps, grad_last)
+            z, p = self.unit(state.blocks, k, state.z, grad)
+            if p is not None:
+                self.last_weights.append(p.detach())
+            return z
+        with grad():
+            z = self.cycle_pass(state.blocks, state.z, step=k + 1)
+        if self.mixture == "soft":
+            hs, scores = state.rows["hs"], state.rows["scores"]
+            hs.append(z)
+            scores.append(self.score(0, k, z, state.rows.get("q")))
+            m, p = self.mix(hs, scores)
+            self.last_weights = [p.detach()]
+            state.cache["read"] = m
+        return z
+
+    def read(self, state):
+        return state.cache["read"] if "read" in state.cache else state.z
 
     def unit(self, blocks, l: int, z: torch.Tensor, ctx=nullcontext):
         """Unit l of the ``inplace`` layout on z: block l recursed r times, then the token-wise mixture
@@ -286,28 +307,6 @@ class SoftMoRCore(Core):
             z = block(z, step=step)
             self.nfe += 1
         return z
-
-    def _inplace(self, blocks, z, steps, grad_last):
-        for l in range(steps):
-            z, p = self.unit(blocks, l, z, lambda: grad_ctx(l, steps, grad_last))
-            if p is not None:
-                self.last_weights.append(p.detach())
-            yield z
-
-    def _cycle(self, blocks, z, steps, grad_last):
-        q = self.unit_query(0, z)
-        hs, scores = [], []
-        for c in range(steps):
-            with grad_ctx(c, steps, grad_last):
-                z = self.cycle_pass(blocks, z, step=c + 1)
-            if self.mixture == "last":
-                yield z
-                continue
-            hs.append(z)
-            scores.append(self.score(0, c, z, q))
-            m, p = self.mix(hs, scores)
-            self.last_weights = [p.detach()]
-            yield m
 
     # ------------------------------------------------------------- step program
     def step_program(self, blocks) -> StepPlan:
