@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import recurvit.tasks  # noqa: E402,F401  (registers the tasks the study files name)
 from recurvit.study import collect, load_study, write_report  # noqa: E402
 from recurvit.study.report import report_command, rows_from_csv  # noqa: E402
+from recurvit.study.spec import run_dir_root  # noqa: E402
 
 FILES = ("report.md", "results.csv")
 
@@ -36,9 +37,10 @@ def check(path: Path) -> str:
     committed = study.results
     if committed is None or not (committed / "report.md").is_file():
         return ""
-    runs = ROOT / "runs" / "studies" / study.name
+    runs = Path(run_dir_root(study))
+    runs = runs if runs.is_absolute() else ROOT / runs
     rows = collect(runs, study) if runs.is_dir() else []
-    source = f"{len(rows)} runs in {runs.relative_to(ROOT)}" if rows else "results.csv"
+    source = f"{len(rows)} runs in {runs}" if rows else "results.csv"
     if not rows:
         rows = rows_from_csv(committed / "results.csv", study)
     with tempfile.TemporaryDirectory() as tmp:

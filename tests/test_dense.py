@@ -194,3 +194,19 @@ def test_every_maze_config_builds_its_model_and_the_vit_matches_the_anchor():
     assert params["vit_rope_recall_prog"] == params["vit_recall_prog"] - 144 * 32  # the position ablation: no embedding
     for regime in regimes - {"naive"}:  # recall regimes: equal parameters within 10%
         assert abs(params[f"vit_{regime}"] / params[f"dt_{regime}"] - 1) < 0.1, regime
+
+
+def test_the_progressive_loss_on_softmor_keeps_the_routers_graph_for_every_pass():
+    """SoftMoR's cycle layout steps too: the first n passes run their blocks without a graph, but the router
+    scores of those passes still enter the mixture the readout reads, so the router's per-pass prior gets a
+    gradient for every pass (as under truncated backprop), while the blocks get it from the last k only."""
+    torch.manual_seed(0)
+    model = create_model("srvit_tiny", img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=24,
+                         num_heads=2, depth=2, recursions=4, layout="cycle")
+    with torch.no_grad():
+        model.core.bias.add_(0.1 * torch.randn_like(model.core.bias))
+    x = torch.rand(3, 3, 16, 16)
+    progressive_logits(model, x, 2, 2).sum().backward()
+    assert (model.core.bias.grad[0] != 0).all()  # a prior for each of the 4 passes
+    with torch.no_grad():
+        torch.testing.assert_close(progressive_logits(model, x, 2, 2), model(x, steps=4))

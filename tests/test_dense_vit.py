@@ -100,6 +100,10 @@ def test_rope_scores_depend_on_the_tokens_offset_alone_on_any_grid():
         i, j = a[0] * 4 + a[1], b[0] * 4 + b[1]
         I, J = (a[0] + shift[0]) * 7 + a[1] + shift[1], (b[0] + shift[0]) * 7 + b[1] + shift[1]
         torch.testing.assert_close(logit(small, 4, i, j), logit(big, 7, I, J))
+    moved = big.clone()  # the same two tokens one column further apart: another offset, another logit
+    J2 = J + 1
+    moved[0, J2] = big[0, J]
+    assert not torch.allclose(logit(big, 7, I, J), logit(moved, 7, I, J2))
     with pytest.raises(ValueError, match="square grid"):
         att(torch.randn(1, 15, 16))
 

@@ -299,37 +299,45 @@ def test_the_exit_evaluators_certify_option_is_checked_and_absent_from_old_recor
 
 
 def test_deploy_evaluator_certifies_on_the_held_out_split_and_times_the_exported_exit(tmp_path, monkeypatch):
-    """The deploy evaluator: the exit threshold is certified on the held-out images with the exported step
-    programs, and only then is the test split read (a calibration that reads a test image fails here); its
-    figures agree with each other and, where no exit is certified, nothing is timed and nothing is lost."""
+    """The deploy evaluator: the exit threshold is certified with the exported step programs on exactly the
+    run's held-out images, and only then is the test split read (a calibration on test images, or a test
+    split read first, fails here); its figures agree with each other and, where no exit is certified,
+    nothing is timed and nothing is lost."""
     pytest.importorskip("onnxruntime")
     import recurvit.export.certified as C
+    from recurvit.config import DataConfig
+    from recurvit.data import build_datasets
+    from recurvit.data.calibration import holdout_split
 
     (tmp_path / "base.yaml").write_text(BASE.replace("data: {name: digits}", "data: {name: digits, holdout: 0.2}"))
     (tmp_path / "s.yaml").write_text(STUDY.format(
         eval="  max_steps_factor: 1\n  deploy: {epsilon: 5, delta: 0.2, rounds: 2, time_images: 256, "
              "only: {regime: [a]}}"))
-    seen = {}
-    real = C.certified_threshold
+    order, seen = [], {}
+    real_certify, real_run = C.certified_threshold, C.deployed_exit
 
-    def certify_once(prog, batches, *a, **kw):
-        seen["calibration"] = sum(len(x) for x in batches)
-        seen["test_read_before"] = "test" in seen
-        return real(prog, batches, *a, **kw)
+    def certify(prog, batches, *a, **kw):
+        seen["calibration"] = torch.cat(list(batches))
+        order.append("certify")
+        return real_certify(prog, batches, *a, **kw)
 
-    real_predict = C._predict
+    def deployed(model, calib, test_split, *a, **kw):
+        def counted():
+            order.append("test")
+            return test_split()
+        return real_run(model, calib, counted, *a, **kw)
 
-    def predict(prog, batches, threshold=None):
-        seen["test"] = True
-        return real_predict(prog, batches, threshold)
-
-    monkeypatch.setattr(C, "certified_threshold", certify_once)
-    monkeypatch.setattr(C, "_predict", predict)
+    monkeypatch.setattr(C, "certified_threshold", certify)
+    monkeypatch.setattr(classify_eval, "deployed_exit", deployed)
     rows = {r["run_id"]: r for r in run_study(load_study(tmp_path / "s.yaml"), tmp_path / "runs", progress=False,
                                               log=lambda *a: None)}
+    assert order == ["certify", "test"]  # the test split is read once, after the threshold is fixed
+    train, test, _ = build_datasets(DataConfig(name="digits"))  # the whole training split: holdout_split takes its part
+    held = holdout_split(train, test, 0.2)
+    assert torch.equal(seen["calibration"], torch.stack([held[i][0] for i in range(len(held))]))
     a = rows["a__seed=0"]
     d = a["deploy"]
-    assert seen["calibration"] == d["calibration_images"] > 0 and not seen["test_read_before"]
+    assert d["calibration_images"] == len(held) and d["test_images"] == len(test)
     assert a["deploy_drop_points"] <= a["deploy_disagree_points"] + 1e-9  # an unchanged answer cannot lose accuracy
     assert 0 < a["deploy_steps_pct_T"] <= 100 and a["deploy_int8_weight_ratio"] > 1
     if a["deploy_certified"]:

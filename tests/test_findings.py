@@ -118,6 +118,12 @@ def test_a_benchmark_target_reads_the_interval_and_a_loaded_machine_is_not_a_ver
     assert verdicts(root) == {"speed": "target missed"}
     write(True, 1.02, 0.96)
     assert verdicts(root) == {"speed": "not measured (machine loaded)"}
+    write(False, float("nan"), 0.96)  # one round: no interval, no verdict
+    assert verdicts(root) == {"speed": "not measured (no interval)"}
+    (root / "bench" / "deploy.json").write_text("{half a file")
+    with pytest.raises(UserError, match="not a benchmark's JSON"):
+        collect(root)
+    write(False, 1.02, 0.96)
     repo(tmp_path, {}, {"speed": {**spec, "targets": {"b1 eager bvit over vit.lo": {"min": 1.0}}}})
     with pytest.raises(UserError, match="no figure b1 eager bvit over vit.lo"):
         collect(root)

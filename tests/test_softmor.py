@@ -331,3 +331,23 @@ def test_the_matched_plain_recursion_of_the_softmor_study_stores_the_query_route
 
     query, matched, plain = stored("r4_query"), stored("r4_last_matched"), stored("r4_last")
     assert abs(matched / query - 1) < 1e-3 and plain < 0.95 * query
+
+
+def test_a_cycle_state_kept_for_some_images_still_reads_their_mixture():
+    """Stepping the cycle layout by hand: after ``select`` (images that exited leave the batch) the state
+    still reads the mixture of the kept images, and stepping on gives what one pass gives them."""
+    torch.manual_seed(0)
+    m = create_model("srvit_tiny", img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=24, num_heads=2,
+                     depth=2, recursions=3, layout="cycle", router="query").eval()
+    with torch.no_grad():
+        for p in m.core.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        x = torch.randn(4, 3, 16, 16)
+        every = list(m.core.states(m.blocks, m.embed(x), 3))
+        state = m.core.begin(m.blocks, m.embed(x))
+        m.core.advance(state)
+        m.core.advance(state)
+        keep = torch.tensor([0, 2])
+        kept = state.select(keep)
+        torch.testing.assert_close(m.core.read(kept), every[1][keep])
+        torch.testing.assert_close(m.core.advance(kept), every[2][keep])

@@ -408,3 +408,21 @@ def test_a_model_with_per_step_adapters_is_refused_and_one_shared_adapter_is_not
     attach_adapters(shared, adapter_spec(shared, "lora", rank=2))
     export_steps(shared, tmp_path / "lora", "torch-export")  # one adapter for every step: one program
     torch.testing.assert_close(StepProgram(tmp_path / "lora")(images()), shared(images()), rtol=1e-4, atol=1e-5)
+
+
+def test_pt2e_int8_runs_any_batch_and_agrees_with_fp32():
+    pytest.importorskip("torchao")
+    from recurvit.export.int8 import quantize_pt2e
+
+    torch.manual_seed(0)
+    model = recurvit.create_model("bvit_tiny", img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=32,
+                         num_heads=2, steps=3).eval()
+    calib = torch.rand(65, 3, 16, 16)  # batches of 32, 32 and 1: the lone image joins the batch before it
+    q = quantize_pt2e(model, calib, batch_size=32)
+    with torch.no_grad():
+        for n in (1, 7, 200):  # smaller and larger than any calibration batch
+            x = torch.rand(n, 3, 16, 16)
+            assert (q(x).argmax(-1) == model(x).argmax(-1)).float().mean() >= 0.8
+            assert (q(x) - model(x)).abs().max() < 0.5
+    with pytest.raises(UserError, match="at least 2 images"):
+        quantize_pt2e(model, calib[:1])

@@ -6,7 +6,7 @@ quantity), its accuracy loss, the steps it runs, and its wall-clock speed-up ove
 depth; beside it the int8 step programs (:func:`recurvit.export.int8.quantize_steps`) at full depth.
 
     from recurvit.export.certified import deployed_exit
-    res = deployed_exit(model, calib_x, test_x, test_y, epsilon=0.005, delta=0.1)
+    res = deployed_exit(model, calib_x, lambda: (test_x, test_y), epsilon=0.005, delta=0.1)
     res["disagree_points"], res["speedup"], res["int8_drop_points"]
 
 The speed-up is timed as ``benchmarks/`` time peers (:func:`recurvit.analysis.timing.interleaved_rounds`): each
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -30,11 +30,12 @@ from .int8 import quantize_steps, weight_bytes
 from .steps import export_steps
 
 
-def _predict(prog: StepProgram, batches: List[torch.Tensor], threshold: Optional[float] = None):
+def _predict(prog: StepProgram, batches: List[torch.Tensor], threshold: Optional[float] = None,
+             per_step_readouts: Optional[bool] = None):
     """(predictions, exit steps) of the whole list of batches: full depth when ``threshold`` is None."""
     preds, steps = [], []
     for x in batches:
-        logits, k = prog.adaptive(x, threshold, per_step_readouts=True)
+        logits, k = prog.adaptive(x, threshold, per_step_readouts=per_step_readouts)
         preds.append(logits.argmax(-1))
         steps.append(k)
     return torch.cat(preds), torch.cat(steps)
@@ -48,23 +49,27 @@ def geometric_ratio(num: List[float], den: List[float]) -> Dict[str, float]:
 
 
 @torch.no_grad()
-def deployed_exit(model, calibration: torch.Tensor, test_x: torch.Tensor, test_y: torch.Tensor,
+def deployed_exit(model, calibration: torch.Tensor, test_split: Callable[[], Tuple[torch.Tensor, torch.Tensor]],
                   epsilon: float = 0.005, delta: float = 0.1, rounds: int = 10, time_images: int = 2048,
-                  threads: Optional[int] = 1, batch_size: int = 256, int8: bool = True) -> Dict[str, Any]:
+                  threads: Optional[int] = 1, batch_size: int = 256, int8: bool = True,
+                  per_step_readouts: Optional[bool] = None) -> Dict[str, Any]:
     """Export, certify on ``calibration`` (images only: the loss is the disagreement with full depth), then
-    measure on the test split (see the module docstring). ``epsilon`` is a fraction (0.005: half a point).
-    Returns the certificate and the figures; every ``*_points`` figure is in points of accuracy."""
+    measure on the test split, which ``test_split()`` gives (images, labels) and is called only after the
+    threshold is fixed (see the module docstring). ``epsilon`` is a fraction (0.005: half a point).
+    ``per_step_readouts``: as :meth:`recurvit.export.deploy.StepProgram.plan` (None: a stack needs a head
+    after every block). Returns the certificate and the figures; every ``*_points`` figure is in points."""
     model = model.eval()
     T = model.nominal_steps
     with tempfile.TemporaryDirectory(prefix="recurvit-deploy-") as tmp:
         folder = export_steps(model, Path(tmp) / "steps", "onnx", fused=True)
         prog = StepProgram(folder, threads=threads)
-        cert = certified_threshold(prog, batches_of(calibration, batch_size), epsilon, delta, per_step_readouts=True)
+        psr = per_step_readouts
+        cert = certified_threshold(prog, batches_of(calibration, batch_size), epsilon, delta, per_step_readouts=psr)
         thr = cert["threshold"] if cert["certified"] else None
-        # the test split, from here on: the threshold above was fixed without it
+        test_x, test_y = test_split()  # the test split, from here on: the threshold above was fixed without it
         test = batches_of(test_x, batch_size)
-        full, _ = _predict(prog, test)
-        ex, steps = _predict(prog, test, thr)
+        full, _ = _predict(prog, test, None, psr)
+        ex, steps = _predict(prog, test, thr, psr)
         acc_full = float((full == test_y).double().mean())
         acc_exit = float((ex == test_y).double().mean())
         out: Dict[str, Any] = {
@@ -78,14 +83,14 @@ def deployed_exit(model, calibration: torch.Tensor, test_x: torch.Tensor, test_y
         if thr is not None:
             timed = batches_of(test_x[:time_images], batch_size)
             secs = interleaved_rounds(
-                {"full": lambda: [prog.adaptive(x, None, per_step_readouts=True) for x in timed],
-                 "exit": lambda: [prog.adaptive(x, thr, per_step_readouts=True) for x in timed]},
+                {"full": lambda: [prog.adaptive(x, None, per_step_readouts=psr) for x in timed],
+                 "exit": lambda: [prog.adaptive(x, thr, per_step_readouts=psr) for x in timed]},
                 rounds, {"full": 1, "exit": 1}, torch.device("cpu"), warmup=1)
             r = geometric_ratio(secs["full"], secs["exit"])
             out.update(speedup=r["mean"], speedup_lo=r["lo"], speedup_hi=r["hi"], timed_rounds=rounds)
         if int8:
             q = quantize_steps(folder, Path(tmp) / "steps-int8")
-            q_pred, _ = _predict(StepProgram(q, threads=threads), test)
+            q_pred, _ = _predict(StepProgram(q, threads=threads), test, None, psr)
             out["int8_accuracy"] = float((q_pred == test_y).double().mean())
             out["int8_drop_points"] = 100 * (acc_full - out["int8_accuracy"])
             out["int8_weight_ratio"] = weight_bytes(folder)["total"] / weight_bytes(q)["total"]

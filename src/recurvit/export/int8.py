@@ -177,9 +177,14 @@ def quantize_pt2e(model: torch.nn.Module, calibration: torch.Tensor, batch_size:
         from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
     except ImportError as e:
         raise UserError(f"PT2E quantization needs torchao ({e}); pip install torchao") from None
+    if len(calibration) < 2:
+        raise UserError(f"PT2E calibration needs at least 2 images (one batch of 2 or more fixes a dynamic batch "
+                        f"dimension), got {len(calibration)}")
     model = model.eval()
     batches = batches_of(calibration, batch_size)
-    dim = torch.export.Dim("batch", min=1, max=max(2, batch_size))
+    if len(batches[-1]) < 2:  # a last batch of one image would specialise the batch dimension
+        batches = batches[:-2] + [torch.cat(batches[-2:])]
+    dim = torch.export.Dim("batch")  # any batch size at inference
     graph = torch.export.export(model, (batches[0],), dynamic_shapes=({0: dim},)).module()
     quantizer = xiq.X86InductorQuantizer()
     quantizer.set_global(xiq.get_default_x86_inductor_quantization_config())

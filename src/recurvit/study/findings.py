@@ -180,7 +180,10 @@ def _benchmark(claim: Claim, root: Path) -> Tuple[str, str]:
     path = root / s["file"]
     if not path.is_file():
         return f"`{s['command']}` has not run", "not measured yet"
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise UserError(f"claim {claim.id}: {path} is not a benchmark's JSON ({e}); run `{s['command']}` again") from None
     got, notes = {}, []
     for key in s["targets"]:
         name, _, part = key.rpartition(".") if key.endswith((".lo", ".hi", ".mean")) else (key, "", "")
@@ -196,6 +199,8 @@ def _benchmark(claim: Claim, root: Path) -> Tuple[str, str]:
     figure = f"`{s['command']}`: " + "; ".join(notes)
     if data.get("loaded"):
         return figure + " — the machine was loaded: not quotable", "not measured (machine loaded)"
+    if any(math.isnan(v) for v in got.values()):  # an interval of one round
+        return figure + " — no interval (one round)", "not measured (no interval)"
     d = per_seed_target([got], s["targets"])
     return figure, "target met" if d.estimate == 1 else "target missed"
 

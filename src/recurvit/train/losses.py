@@ -118,9 +118,8 @@ def progressive_logits(model: nn.Module, x: torch.Tensor, n: int, k: int) -> tor
     core = model.core
     core.check_steps(n + k)
     state = core.begin(model.blocks, model.embed(x))
-    with torch.no_grad():
-        for _ in range(n):
-            core.advance(state)
+    for _ in range(n):  # the block applications without a graph (a core's router, SoftMoR's, keeps its own)
+        core.advance(state, torch.no_grad)
     state.z = state.z.detach()
     z = state.z
     for _ in range(k):

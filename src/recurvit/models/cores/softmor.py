@@ -284,7 +284,9 @@ class SoftMoRCore(Core):
         return z
 
     def read(self, state):
-        return state.cache["read"] if "read" in state.cache else state.z
+        if "read" not in state.cache and state.rows.get("hs"):  # a selected state drops its cache: mix again
+            state.cache["read"] = self.mix(state.rows["hs"], state.rows["scores"])[0]
+        return state.cache.get("read", state.z)
 
     def unit(self, blocks, l: int, z: torch.Tensor, ctx=nullcontext):
         """Unit l of the ``inplace`` layout on z: block l recursed r times, then the token-wise mixture

@@ -36,6 +36,7 @@ from ...data import build_datasets
 from ...data.calibration import holdout_split
 from ...errors import UserError
 from ...export.certified import deployed_exit
+from ...run.loaders import run_data
 from ...models.adaptive import CRITERIA
 from ...models.cores import CORES
 from ...study.evaluators import Evaluated, Evaluator
@@ -230,12 +231,16 @@ class Deploy(Evaluator):
         if not run.cfg.data.holdout:
             raise UserError(f"{run.out}: the deploy evaluator certifies on the run's held-out split; "
                             "train with data.holdout > 0")
-        train_set, test_set, _ = build_datasets(replace(run.cfg.data, holdout=0.0))
+        train_set, test_set, _ = build_datasets(replace(run_data(run.cfg), holdout=0.0))  # as the run read it
         calib = holdout_split(train_set, test_set, run.cfg.data.holdout)
         calib_x = torch.stack([calib[i][0] for i in range(len(calib))])  # images only: no label is read
-        xs, ys = zip(*run.test_loader)
-        res = deployed_exit(run.model.cpu(), calib_x, torch.cat(xs), torch.cat(ys), o["epsilon"] / 100, o["delta"],
-                            o["rounds"], o["time_images"], o["threads"])
+
+        def test_split():  # read once the threshold is fixed
+            xs, ys = zip(*run.test_loader)
+            return torch.cat(xs), torch.cat(ys)
+
+        res = deployed_exit(run.model.cpu(), calib_x, test_split, o["epsilon"] / 100, o["delta"], o["rounds"],
+                            o["time_images"], o["threads"])
         run.model.to(run.device)
         keys = ("certified", "threshold", "disagree_points", "drop_points", "steps_pct_T", "speedup", "speedup_lo",
                 "speedup_hi", "int8_drop_points", "int8_weight_ratio")
