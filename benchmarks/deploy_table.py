@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -55,7 +54,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from deploy_latency import geo_ci, quantile, run_rounds  # noqa: E402  (the same timing loop)
 
-from recurvit.export.deploy import certified_threshold  # noqa: E402  (a module name the test wraps)
+from recurvit.export.deploy import certified_threshold  # noqa: E402  (module names the test wraps)
+from recurvit.run.loaders import held_out_sets  # noqa: E402
 
 EPSILON, DELTA = 0.005, 0.1  # the certified exit: 0.5 points of disagreement with full depth, 1 - delta = 0.9
 # (with n calibration images and no disagreement at all, the binomial test certifies epsilon only when
@@ -76,22 +76,6 @@ class Contender:
 
 
 # ------------------------------------------------------------------------------------------------ data
-def splits(cfg):
-    """(the run's validation split: the held-out part of its training split, or None; its test split), as
-    datasets (read with the test transform)."""
-    from torch.utils.data import Subset
-
-    from recurvit.data import build_datasets
-    from recurvit.data.calibration import holdout_split
-    from recurvit.run.loaders import run_data
-
-    train, test, _ = build_datasets(run_data(cfg))
-    if not cfg.data.holdout:
-        return None, test
-    full = train.dataset if isinstance(train, Subset) else train
-    return holdout_split(full, test, cfg.data.holdout), test
-
-
 def stack(ds) -> Tuple[torch.Tensor, torch.Tensor]:
     items = [ds[i] for i in range(len(ds))]
     return torch.stack([x for x, _ in items]), torch.as_tensor([int(y) for _, y in items])
@@ -206,7 +190,7 @@ def build(run: Path, tmp: Path, args, log) -> Tuple[str, int, List[Contender], D
     model = recurvit.load_model(source).eval()
     label = label_of(run, cfg.model.name, model)
     shape = [model.cfg.in_chans, model.cfg.img_size, model.cfg.img_size]
-    val_set, test_set = splits(cfg)
+    val_set, test_set = held_out_sets(cfg)  # the held-out part of the training split (or None), the test split
     log(f"{run.name}: exporting")
     whole, steps = tmp / f"{run.name}.onnx", tmp / f"{run.name}-steps"
     export_program(source, whole, "onnx")

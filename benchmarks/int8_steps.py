@@ -33,17 +33,10 @@ CALIBRATION = 512  # PT2E calibration images, from the run's training split
 def splits(run: Path):
     """(CALIBRATION training images, read with the test transform: of the run's held-out split where it has one,
     else of the seeded calibration split; the test images; their labels)."""
-    from torch.utils.data import Subset
-
     from recurvit.config import load_config
-    from recurvit.data import build_datasets
-    from recurvit.data.calibration import calibration_split, holdout_split
-    from recurvit.run.loaders import run_data
+    from recurvit.run.loaders import held_out_sets
 
-    cfg = load_config(run / "config.yaml")
-    train, test, _ = build_datasets(run_data(cfg))
-    full = train.dataset if isinstance(train, Subset) else train  # a run with a held-out split: the whole split
-    calib = holdout_split(full, test, cfg.data.holdout) if cfg.data.holdout else calibration_split(full, test)
+    calib, test = held_out_sets(load_config(run / "config.yaml"), fallback=True)
     items = [test[i] for i in range(len(test))]
     calib_x = torch.stack([calib[i][0] for i in range(min(CALIBRATION, len(calib)))])
     return calib_x, torch.stack([x for x, _ in items]), torch.as_tensor([y for _, y in items])

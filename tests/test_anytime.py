@@ -2,13 +2,12 @@
 work, calibration reads only training images (held out from training with data.holdout), never the test
 split, the exit command and the experiment script."""
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 import recurvit.data
-from recurvit.analysis import anytime, exit as exit_analysis
+from recurvit.analysis import anytime
 from recurvit.run import loaders
 from recurvit.cli import main
 from recurvit.data.calibration import calibration_split
@@ -16,7 +15,7 @@ from recurvit.models import create_model
 from recurvit.models.adaptive import CRITERIA, exit_steps, forward_adaptive, plan_steps, step_signals
 
 TINY = dict(img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=48, num_heads=3)
-BUILDERS = (loaders, exit_analysis)  # the modules that build data sets for an exit: the test split, the calibration one
+BUILDERS = (loaders,)  # the modules that build data sets for an exit: the test split, the calibration one
 MODELS = {  # (preset, options, max_steps): conditioning and re-injection so the step index and x0 matter
     "recurrent": ("bvit_tiny", dict(steps=3, step_cond="embed", reinject=True), 5),
     "ode_euler": ("bvit_tiny", dict(steps=3, core="ode", method="euler", step_cond="scale", reinject=True), 5),

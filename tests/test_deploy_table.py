@@ -62,7 +62,7 @@ def test_the_table_has_every_row_and_column_and_calibrates_on_the_validation_spl
     from recurvit.run.loaders import run_data
 
     seen = {}
-    splits, certify = table.splits, table.certified_threshold
+    splits, certify = table.held_out_sets, table.certified_threshold
 
     def counted_splits(cfg):
         val, test = splits(cfg)
@@ -80,7 +80,7 @@ def test_the_table_has_every_row_and_column_and_calibrates_on_the_validation_spl
         finally:
             seen["test"].busy = False
 
-    monkeypatch.setattr(table, "splits", counted_splits)
+    monkeypatch.setattr(table, "held_out_sets", counted_splits)
     monkeypatch.setattr(table, "certified_threshold", watched_certify)
     out = tmp_path / "deploy.md"
     # epsilon 5 points: the 287 held-out digits cannot certify 0.5 points (that takes >= 460 images), and the

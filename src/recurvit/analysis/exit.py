@@ -15,16 +15,14 @@ The test split is read only after the threshold is chosen.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
-from ..data import build_datasets
-from ..data.calibration import CALIBRATION_FRACTION, calibration_split, holdout_split
+from ..data.calibration import CALIBRATION_FRACTION
 from ..models.adaptive import has_step_readouts, plan_steps
-from ..run.loaders import run_data
+from ..run.loaders import held_out_sets
 from . import anytime as A
 from .budget import check_eval_cost
 from .certify import certify as certify_exit
@@ -61,11 +59,9 @@ def calibrated_exits(model: nn.Module, cfg, device: torch.device, criteria: Sequ
     note = (f"this {model.cfg.core} model runs at most {K} steps; --steps capped"
             if max_steps is not None and K < max_steps else None)
     amp = cfg.train.amp
-    train_set, test_set, _ = build_datasets(replace(run_data(cfg), holdout=0.0))  # the whole training split, as the run read it
-    kw = dict(batch_size=batch_size, shuffle=False, num_workers=cfg.data.num_workers)
     held_out = cfg.data.holdout > 0  # the run never trained on these: an honest calibration split
-    calib_set = (holdout_split(train_set, test_set, cfg.data.holdout) if held_out
-                 else calibration_split(train_set, test_set))
+    calib_set, test_set = held_out_sets(cfg, fallback=True)  # else the seeded calibration split
+    kw = dict(batch_size=batch_size, shuffle=False, num_workers=cfg.data.num_workers)
     calib_loader, test_loader = DataLoader(calib_set, **kw), DataLoader(test_set, **kw)
     # calibration and the test split each run every image to max(K, T) steps once, then each criterion's
     # timed passes (its sweep and its measured point)

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from ..config import RunConfig
 from ..data import build_datasets
-from ..data.calibration import holdout_split
+from ..data.calibration import calibration_split, holdout_split
 from ..data.datasets import dense_target
 from ..errors import UserError
 from . import distributed as dist_io
@@ -27,6 +27,17 @@ def run_data(cfg: RunConfig):
     if cfg.data.img_size is None and getattr(cfg.model, "img_size", None) is not None:
         return replace(cfg.data, img_size=int(cfg.model.img_size))
     return cfg.data
+
+
+def held_out_sets(cfg: RunConfig, fallback: bool = False):
+    """(the run's held-out images, its test images), datasets read with the test transform as the run read its
+    data: the held-out part of the training split (``data.holdout``), which the run never trained on. A run
+    without one gives None, or with ``fallback`` the seeded calibration split of its training split (images
+    it trained on: for uses that need no guarantee)."""
+    train_set, test_set, _ = build_datasets(replace(run_data(cfg), holdout=0.0))  # the whole training split
+    if cfg.data.holdout:
+        return holdout_split(train_set, test_set, cfg.data.holdout), test_set
+    return (calibration_split(train_set, test_set) if fallback else None), test_set
 
 
 def resolve_model_config(cfg: RunConfig, info) -> RunConfig:

@@ -24,7 +24,6 @@ run's result row.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any, Dict
 
 import torch
@@ -32,11 +31,9 @@ import torch
 from ...analysis.exit import calibrated_exits
 from ...analysis.horizon import horizon_sweep, summarize
 from ...analysis.per_step import analyze_model, continuation, step_specificity
-from ...data import build_datasets
-from ...data.calibration import holdout_split
 from ...errors import UserError
 from ...export.certified import deployed_exit
-from ...run.loaders import run_data
+from ...run.loaders import held_out_sets
 from ...models.adaptive import CRITERIA
 from ...models.cores import CORES
 from ...study.evaluators import Evaluated, Evaluator
@@ -231,8 +228,7 @@ class Deploy(Evaluator):
         if not run.cfg.data.holdout:
             raise UserError(f"{run.out}: the deploy evaluator certifies on the run's held-out split; "
                             "train with data.holdout > 0")
-        train_set, test_set, _ = build_datasets(replace(run_data(run.cfg), holdout=0.0))  # as the run read it
-        calib = holdout_split(train_set, test_set, run.cfg.data.holdout)
+        calib, _ = held_out_sets(run.cfg)
         calib_x = torch.stack([calib[i][0] for i in range(len(calib))])  # images only: no label is read
 
         def test_split():  # read once the threshold is fixed
