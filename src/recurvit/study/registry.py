@@ -6,7 +6,7 @@ no task's name.
 A view is a module (``recurvit.tasks.classify.study`` is classification's) that defines ``name`` (the study
 file's ``task:``), ``run`` (train and evaluate one grid point), ``check_run``, ``EVALUATORS``, ``CSV_KEYS``,
 ``STAT_KEYS``, ``SHARED_KEYS``, ``CURVE_KEY``, ``CONTRAST``, ``ACC_HEAD`` and the report's hooks
-(``fix_row``, ``prepare_rows``, ``fill_cell``, ``chance``, ``intro``, ``tables``, ``report_plots``).
+(``complete_csv_row``, ``prepare_rows``, ``fill_cell``, ``chance``, ``intro``, ``tables``, ``report_plots``).
 """
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def rows_from_text(text: str, study: Study) -> List[Dict[str, Any]]:
     rows = [{k: (v if k in ("run_id", *dict(study.axes)) else num(v)) for k, v in r.items()}
             for r in csv.DictReader(io.StringIO(text))]
     for r in rows:
-        view_of(study.task).fix_row(r)
+        view_of(study.task).complete_csv_row(r)
     return rows
 
 

@@ -26,8 +26,8 @@ from ...errors import UserError
 from ...run.progress import quiet
 from ...study.grouping import table
 from .evaluators import EVALUATORS  # noqa: F401  (a fine-tune is evaluated as a classification run)
-from .study import (ACC_HEAD, ACC_KEYS, CONTRAST, CURVE_KEY, STAT_KEYS, chance, evaluate_trained, fill_cell, fix_row,
-    intro, prepare_rows, report_plots)
+from .study import (ACC_HEAD, ACC_KEYS, CONTRAST, CURVE_KEY, STAT_KEYS, chance, complete_csv_row,  # noqa: F401
+                    evaluate_trained, fill_cell, intro, prepare_rows, report_plots)
 from .finetune import finetune, finetune_resume
 from .study import CSV_KEYS as _CLASSIFY_KEYS, SHARED_KEYS as _SHARED, tables as _classify_tables
 

@@ -102,8 +102,9 @@ def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, An
 
 
 # ------------------------------------------------------------------------------------ the report
-def fix_row(r: Dict[str, Any]) -> None:
-    """A row read back from an older results.csv: what can be derived from it."""
+def complete_csv_row(r: Dict[str, Any]) -> None:
+    """A row read back from results.csv: what it implies but does not store (whether its core shares its
+    blocks; the core-option variants, stored flat as variant_<name> columns)."""
     if r.get("core") and "shares_blocks" not in r:
         r["shares_blocks"] = core_class(r["core"]).shares_blocks
     if "variants" not in r:  # the core-option variants' accuracies, from their variant_<name> columns

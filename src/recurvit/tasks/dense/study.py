@@ -93,7 +93,7 @@ def csv_columns(rows: List[Dict[str, Any]]) -> List[str]:
     return [c for c in size_columns(sizes_of(rows)) if any(r.get(c) is not None for r in rows)]
 
 
-def fix_row(r: Dict[str, Any]) -> None:
+def complete_csv_row(r: Dict[str, Any]) -> None:
     return None
 
 

@@ -83,7 +83,7 @@ def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], n
 
 
 # ------------------------------------------------------------------------------------ the report
-def fix_row(r: Dict[str, Any]) -> None:
+def complete_csv_row(r: Dict[str, Any]) -> None:
     return None
 
 
