@@ -46,3 +46,24 @@ def test_a_size_no_maze_can_have_is_one_line(run, tmp_path, bad, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and ("--sizes" in err[0] or "--mazes" in err[0])
     assert not (tmp_path / "horizon.csv").exists()
+
+
+@pytest.mark.parametrize("name", ["horizon.csv", "horizon.json", "horizon.png"])
+def test_a_file_of_the_users_is_kept_and_refused_before_the_sweep(run, tmp_path, name, capsys, monkeypatch):
+    import recurvit.analysis.mazes as mazes
+
+    (tmp_path / name).write_text("my notes\n")
+    swept = []
+    monkeypatch.setattr(mazes, "maze_sweep_sizes", lambda *a, **k: swept.append(1))
+    capsys.readouterr()
+    assert main(["horizon", str(run), "--steps", "3", "--sizes", "9", "--mazes", "2", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{name} exists and was not written by this command" in err[0]
+    assert (tmp_path / name).read_text() == "my notes\n" and not swept
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_a_second_sweep_writes_over_the_first(run, tmp_path, capsys):
+    argv = ["horizon", str(run), "--steps", "3", "--sizes", "9", "--mazes", "2", "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0 and main(argv) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["horizon.csv", "horizon.json", "horizon.png"]

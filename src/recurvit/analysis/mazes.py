@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from ..data.mazes import maze_test_sets
 from ..plot_style import percent
 from ..run.load import load
+from ..run.outputs import save_figure, write_text
 
 FACTORS = (1, 2, 4, 8, 10, 16)  # solved at k x T for these k (when the sweep reaches them)
 
@@ -135,7 +136,7 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "sweeps.json").write_text(json.dumps(result))
+        write_text(out / "sweeps.json", json.dumps(result), b'{"trained_steps": ', "sweeps.json")
         plot_solved(sweeps, T, out / "solved.png", title=f"{cfg.model.name}: solved against iterations")
     return result
 
@@ -185,7 +186,7 @@ def plot_solved(sweeps: Mapping[int, Dict[str, object]], trained: int, path: Pat
     if fig is not None:
         fig.tight_layout()
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path)
+        save_figure(fig, path)
 
 
 __all__ = ["FACTORS", "maze_sweep", "maze_sweep_sizes", "plot_solved", "summarize_mazes", "sweep_run"]

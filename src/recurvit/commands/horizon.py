@@ -7,6 +7,19 @@ from ..errors import UserError
 from . import DeprecatedOption, add_device_arg, add_force_arg, check_cost, load_trained, open_trained, print_json
 
 
+MAZE_CSV = ["size", "step", "solved", "pixel_acc"]
+JSON_MARK = b'{\n "run": '  # how horizon.json begins (a file of that name that does not is the user's)
+
+
+def claim_outputs(folder: Path, marks: dict) -> dict:
+    """{name: folder / name}, each claimed before the sweep (minutes at 10T): a file of the user's of that
+    name is one line now, not after the work (recurvit.run.outputs.claim_file; ``marks``: name -> how a file
+    this command wrote begins)."""
+    from ..run.outputs import claim_file
+
+    return {name: claim_file(folder / name, mark, name) for name, mark in marks.items()}
+
+
 def add_parser(sub):
     p = sub.add_parser("horizon", help="accuracy at every step up to K, beyond the training depth",
                        description="Writes horizon.csv (step, accuracy, loss, rel_change) and horizon.png into the "
@@ -35,7 +48,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..analysis.horizon import horizon_sweep, plot, summarize, write_csv
-    from ..run.outputs import output_dir
+    from ..run.outputs import PNG, output_dir
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
@@ -51,6 +64,7 @@ def run(args) -> int:
         note = f"this {model.cfg.core} model runs at most {model.core.limit} steps; K capped"
         K = model.core.limit
     check_cost(model, test_loader, device, K, len(test_loader), args)
+    claim_outputs(out_dir, {"horizon.csv": b"step,accuracy", "horizon.png": PNG})
     sweep = horizon_sweep(model, test_loader, device, K, progress=not args.json)
     write_csv(sweep, out_dir / "horizon.csv")
     label = f"{cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)})"
@@ -76,6 +90,7 @@ def run(args) -> int:
 def _mazes(args, loaded) -> int:
     """The thinking-longer sweep of a maze run (see :mod:`recurvit.analysis.mazes`)."""
     import csv
+    import io
     import json
     from dataclasses import replace
 
@@ -85,7 +100,7 @@ def _mazes(args, loaded) -> int:
     from ..data.mazes import maze_test_sets
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
-    from ..run.outputs import output_dir
+    from ..run.outputs import PNG, output_dir, write_text
 
     if args.mazes < 1 or any(s < 5 or s % 2 == 0 for s in args.sizes or ()):
         raise UserError(f"--mazes must be >= 1 and every --sizes an odd number >= 5, got {args.mazes} and "
@@ -103,20 +118,23 @@ def _mazes(args, loaded) -> int:
     largest = sets[max(sets)]
     batch = 50
     check_cost(model, DataLoader(largest, batch_size=batch), device, K, len(sets) * -(-args.mazes // batch), args)
+    outputs = claim_outputs(out_dir, {"horizon.csv": ",".join(MAZE_CSV[:2]).encode(), "horizon.png": PNG,
+                                      "horizon.json": JSON_MARK})
     sweeps = maze_sweep_sizes(model, sets, device, K, batch_size=batch)
     rows = summarize_mazes(sweeps, T)
-    with open(out_dir / "horizon.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["size", "step", "solved", "pixel_acc"])
-        for size, sw in sorted(sweeps.items()):
-            w.writerows([size, k, s, a] for k, s, a in zip(sw["step"], sw["solved"], sw["accuracy"]))
+    table = io.StringIO(newline="")
+    w = csv.writer(table)
+    w.writerow(MAZE_CSV)
+    for size, sw in sorted(sweeps.items()):
+        w.writerows([size, k, s, a] for k, s, a in zip(sw["step"], sw["solved"], sw["accuracy"]))
+    write_text(outputs["horizon.csv"], table.getvalue(), ",".join(MAZE_CSV[:2]).encode(), "horizon.csv")
     run_name = (args.run if args.run.is_dir() else args.run.parent).resolve().name
     plot_solved(sweeps, T, out_dir / "horizon.png",
                 title=f"{run_name}: trained at {cfg.data.maze_size}x{cfg.data.maze_size}, T = {T}, swept to {K}")
     summary = {"run": str(args.run), "model": cfg.model.name, "trained_steps": T, "max_steps": K,
                "mazes": args.mazes, "rows": rows, "csv": str(out_dir / "horizon.csv"),
                "png": str(out_dir / "horizon.png")}
-    (out_dir / "horizon.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_text(outputs["horizon.json"], json.dumps(summary, indent=1) + "\n", JSON_MARK, "horizon.json")
     if args.json:
         print_json(summary)
         return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ...analysis.mazes import plot_solved
+from ...run.outputs import save_figure
 
 PANELS = ("mazes solved against test-time iterations", "solved_vs_iterations.png")
 PICTURE = "maze_solved.png"
@@ -41,7 +42,7 @@ def solved_panels(cs: List[Dict[str, Any]], study, out_dir: Path) -> Tuple[str, 
             sweeps = {s: sw for s, sw in c["sweeps"].items()}
             plot_solved(sweeps, int(c["steps"]), Path(), title=f"{c['cell']} ({c['model']}, n={c['n']})", ax=ax)
     fig.tight_layout()
-    fig.savefig(out_dir / PANELS[1])
+    save_figure(fig, out_dir / PANELS[1])
     return PANELS
 
 
@@ -83,7 +84,7 @@ def maze_picture(cs: List[Dict[str, Any]], out_dir: Path) -> Optional[Tuple[str,
     fig.suptitle(f"{c['cell']}, seed {r.get('seed')}: a {ex['size']}x{ex['size']} test maze (trained at T = "
                  f"{r.get('steps')})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out_dir / PICTURE)
+    save_figure(fig, out_dir / PICTURE)
     return (f"one {ex['size']}x{ex['size']} maze ({c['cell']}, seed {r.get('seed')}): input, prediction, target",
             PICTURE)
 
