@@ -248,15 +248,11 @@ def to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
-def save_config(cfg: Any, path: str | Path) -> None:
-    Path(path).write_text(to_yaml(cfg))
-
-
 def as_dict(cfg: Any) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg))
 
 
 __all__ = [
     "ModelConfig", "DataConfig", "OptimConfig", "TrainConfig", "choice", "check_choices", "SupervisionConfig", "DepthConfig", "RunConfig",
-    "load_config", "apply_overrides", "config_from_dict", "save_config", "to_yaml", "as_dict", "MISSING",
+    "load_config", "apply_overrides", "config_from_dict", "to_yaml", "as_dict", "MISSING",
 ]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from ...config import AMP_MODES, OptimConfig, apply_overrides, as_dict, choice, load_config, save_config, to_yaml
+from ...config import AMP_MODES, OptimConfig, apply_overrides, as_dict, choice, load_config, to_yaml
 from ...config import config_from_dict as _config_from_dict
 from ...model_fields import LoopVAEFields, preset_schema
 
@@ -94,9 +94,6 @@ def config_from_dict(d: dict) -> VAERunConfig:
     return _config_from_dict(d, schema=VAERunConfig)
 
 
-save_vae_config = save_config
-
-
 def default_config_path() -> str:
     """The embedded default: the packaged LoopVAE-on-photographs config."""
     from importlib.resources import files
@@ -105,4 +102,4 @@ def default_config_path() -> str:
 
 
 __all__ = ["VAEModelConfig", "VAEDataConfig", "AdversarialConfig", "VAETrainConfig", "VAERunConfig",
-           "load_vae_config", "apply_overrides", "config_from_dict", "save_vae_config", "to_yaml", "as_dict", "default_config_path"]
+           "load_vae_config", "apply_overrides", "config_from_dict", "to_yaml", "as_dict", "default_config_path"]
