@@ -82,3 +82,15 @@ def test_a_trained_run_is_swept_from_its_directory(tmp_path):
     assert res["trained_steps"] == 2 and sorted(res["sweeps"]) == [9, 17]
     assert res["sweeps"][17]["n"] == 3 and len(res["sweeps"][17]["solved"]) == 6
     assert (tmp_path / "sweep" / "sweeps.json").is_file() and (tmp_path / "sweep" / "solved.png").is_file()
+
+
+def test_path_recall_and_precision_say_how_the_path_is_wrong():
+    # one image of 2 pixels, the path on pixel 1 only; step 1: nothing marked, step 2: both (a spill into a dead
+    # end), step 3: the path alone, step 4: pixel 0 alone (the path eroded, a wrong one marked)
+    preds = torch.tensor([[0, 0], [1, 1], [0, 1], [1, 0]], dtype=torch.float)  # (K, pixels)
+    logits = torch.stack([-(2 * preds - 1), 2 * preds - 1], dim=1)[:, None, :, None, :]  # (K, B=1, 2, 1, 2)
+    data = [(torch.zeros(1, 1, 1, 2), torch.tensor([[[0, 1]]]))]
+    sw = maze_sweep(Scripted(logits), data, torch.device("cpu"), max_steps=4)
+    assert sw["path_recall"] == [0.0, 1.0, 1.0, 0.0]
+    assert sw["path_precision"] == [1.0, 0.5, 1.0, 0.0]  # nothing marked: nothing marked wrongly
+    assert sw["solved"] == [0.0, 0.0, 1.0, 0.0]

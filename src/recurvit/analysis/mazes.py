@@ -39,7 +39,10 @@ FACTORS = (1, 2, 4, 8, 10, 16)  # solved at k x T for these k (when the sweep re
 @torch.no_grad()
 def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_steps: int, min_steps: int = 1,
                patience: int = 1, keep: int = 0) -> Dict[str, object]:
-    """Per iteration 1..K: pixel accuracy and solved (share of images with every pixel right); per rule
+    """Per iteration 1..K: pixel accuracy, solved (share of images with every pixel right), and how the
+    path is wrong: ``path_recall`` (share of the path's pixels predicted path) and ``path_precision`` (share
+    of the pixels predicted path that are on it; 1 where none is predicted) - a path eroded past the
+    answer loses recall, one spilling into dead ends loses precision. Per rule
     (``max_conf``, ``stable``): solved and the iterations used. See the module docstring. ``keep`` > 0:
     also ``kept``, the first ``keep`` images of the first batch (uint8 (n, 3, H, W) in 0..255 as the loader
     gives them in [0, 1]), their targets and predicted masks at K (uint8 (n, H, W)), for a picture."""
@@ -49,6 +52,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
         raise ValueError(f"max_steps, min_steps and patience must be >= 1, got {K}, {min_steps}, {patience}")
     correct = torch.zeros(K, dtype=torch.float64)
     solved_k = torch.zeros(K, dtype=torch.float64)
+    hit, marked, path_px = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64), 0
     pixels = n = 0
     rules = {r: {"solved": 0, "steps": []} for r in ("max_conf", "stable")}
     for x, y in loader:
@@ -69,6 +73,8 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
             solved = right.flatten(1).all(1)
             correct[k - 1] += right.sum().item()
             solved_k[k - 1] += solved.sum().item()
+            hit[k - 1] += (right & (y == 1)).sum().item()
+            marked[k - 1] += (pred == 1).sum().item()
             conf = F.softmax(logits, dim=1).amax(1).flatten(1).mean(1)
             better = conf > best_conf
             best_conf = torch.where(better, conf, best_conf)
@@ -91,9 +97,12 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
         rules["stable"]["solved"] += int(stop_solved.sum())
         rules["stable"]["steps"] += stop_step.tolist()
         pixels += y.numel()
+        path_px += int((y == 1).sum())
         n += B
     out: Dict[str, object] = {"step": list(range(1, K + 1)), "accuracy": (correct / max(pixels, 1)).tolist(),
-                              "solved": (solved_k / max(n, 1)).tolist(), "n": n}
+                              "solved": (solved_k / max(n, 1)).tolist(), "n": n,
+                              "path_recall": (hit / max(path_px, 1)).tolist(),
+                              "path_precision": torch.where(marked > 0, hit / marked.clamp(min=1), 1.0).tolist()}
     kept = rules.pop("kept", None)
     for r, v in rules.items():
         steps = v["steps"]
@@ -144,7 +153,8 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
 def summarize_mazes(sweeps: Mapping[int, Dict[str, object]], trained: int) -> List[Dict[str, object]]:
     """One row a size: solved at k x T for k in FACTORS (None beyond the sweep), the best iteration's
     solved and that iteration (a description of the curve: the sweep reads a test split, so it chooses
-    nothing), solved at 10T minus the best (overthinking: < 0), and each rule's solved and iterations."""
+    nothing), solved at 10T minus the best (overthinking: < 0), path recall and precision at T and 10T, and
+    each rule's solved and iterations."""
     rows = []
     for size, sw in sorted(sweeps.items()):
         solved = dict(zip(sw["step"], sw["solved"]))
@@ -154,6 +164,10 @@ def summarize_mazes(sweeps: Mapping[int, Dict[str, object]], trained: int) -> Li
             row[f"solved_{'' if f == 1 else f}T"] = solved.get(f * trained)
         row.update(solved_best=solved[best_k], best_step=best_k,
                    drop_10T=None if 10 * trained not in solved else solved[10 * trained] - solved[best_k])
+        for f in (1, 10):  # how the path is wrong at T and 10T (eroded: recall falls; spilled: precision)
+            at = f * trained - 1
+            for key in ("path_recall", "path_precision"):
+                row[f"{key}_{'' if f == 1 else f}T"] = sw[key][at] if key in sw and at < len(sw[key]) else None
         for r in ("max_conf", "stable"):
             row.update({f"{r}_solved": sw[r]["solved"], f"{r}_steps_mean": sw[r]["steps_mean"],
                         f"{r}_steps_max": sw[r]["steps_max"]})

@@ -7,7 +7,7 @@ from ..errors import UserError
 from . import DeprecatedOption, add_device_arg, add_force_arg, check_cost, load_trained, open_trained, print_json
 
 
-MAZE_CSV = ["size", "step", "solved", "pixel_acc"]
+MAZE_CSV = ["size", "step", "solved", "pixel_acc", "path_recall", "path_precision"]
 JSON_MARK = b'{\n "run": '  # how horizon.json begins (a file of that name that does not is the user's)
 
 
@@ -28,7 +28,8 @@ def add_parser(sub):
                                    "A maze run (model.dense): the share of mazes solved after every iteration up to "
                                    "K (default 10T) at every test size, in one pass a batch, written as "
                                    "horizon.csv / horizon.png / horizon.json, with solved at T, 2T, 4T, 10T a size "
-                                   "and the two stopping rules (max confidence, a stable mask).")
+                                   "and the two stopping rules (max confidence, a stable mask), and how the path is "
+                                   "wrong (path recall: eroded past the answer; precision: spilled into dead ends).")
     p.add_argument("run", type=Path, help="run directory or checkpoint file")
     p.add_argument("--steps", type=int, metavar="K",
                    help="steps to sweep (default 16T, 10T for a maze run; a stack or SoftMoR model stops at "
@@ -126,7 +127,8 @@ def _mazes(args, loaded) -> int:
     w = csv.writer(table)
     w.writerow(MAZE_CSV)
     for size, sw in sorted(sweeps.items()):
-        w.writerows([size, k, s, a] for k, s, a in zip(sw["step"], sw["solved"], sw["accuracy"]))
+        w.writerows(zip(*([size] * len(sw["step"]), sw["step"], sw["solved"], sw["accuracy"], sw["path_recall"],
+                            sw["path_precision"])))
     write_text(outputs["horizon.csv"], table.getvalue(), ",".join(MAZE_CSV[:2]).encode(), "horizon.csv")
     run_name = (args.run if args.run.is_dir() else args.run.parent).resolve().name
     plot_solved(sweeps, T, out_dir / "horizon.png",
@@ -146,5 +148,9 @@ def _mazes(args, loaded) -> int:
         print(f"  {r['size']:>2}x{r['size']:<2} {pct(r['solved_T'])} {pct(r['solved_2T'])} {pct(r['solved_4T'])} "
               f"{pct(r['solved_10T'])} {pct(r['solved_best'])} ({r['best_step']:>3})  {pct(r['max_conf_solved'])}"
               f"  {pct(r['stable_solved'])} ({r['stable_steps_mean']:.1f})")
+    print("  path recall / precision (eroded past the answer: recall falls; spilled into dead ends: precision)")
+    for r in rows:
+        print(f"  {r['size']:>2}x{r['size']:<2}  @T {pct(r['path_recall_T'])} / {pct(r['path_precision_T'])}"
+              f"   @10T {pct(r['path_recall_10T'])} / {pct(r['path_precision_10T'])}")
     print(f"  wrote {summary['csv']}, {summary['png']} and {out_dir / 'horizon.json'}")
     return 0
