@@ -155,6 +155,17 @@ def tables(cs: List[Dict[str, Any]], study) -> List[str]:
         lines += table(axes + [h for h, _ in cols], [[str(c[a]) for a in axes] + [
             fmt_ci(c[k], scale.get(k, 100.0), 1 if k in scale else 2) if k in c else "-" for _, k in cols]
             for c in cs]) + [""]
+    rule_cols = [f"rule_{r}_solved_{s}" for s in sizes for r in ("conf", "stable")]
+    if any(k in c for c in cs for k in rule_cols):
+        lines += ["The two per-maze stopping rules at every size, up to 10T: solved (%) and the mean iterations "
+                  "used (max-conf: the iteration of largest mean confidence, DeepThinking's; stable: the first "
+                  "iteration whose mask equals the ones before it, its minimum and patience chosen on validation):",
+                  ""]
+        rule = lambda c, r, s: "-" if f"rule_{r}_solved_{s}" not in c else (  # noqa: E731
+            f"{fmt_ci(c[f'rule_{r}_solved_{s}'])} ({fmt_ci(c[f'rule_{r}_iters_{s}'], 1.0, 1)})")
+        lines += table(axes + [f"{s}: {name}" for s in sizes for name in ("max-conf", "stable")],
+                       [[str(c[a]) for a in axes] + [rule(c, r, s) for s in sizes for r in ("conf", "stable")]
+                        for c in cs]) + [""]
     summary = plateau_summary([r for c in cs for r in c["rows"]])
     return lines + ([summary.replace("accuracy", "solved"), ""] if summary else [])
 
