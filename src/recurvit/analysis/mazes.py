@@ -14,8 +14,8 @@ The rules, each image on its own:
   mean over pixels of the largest softmax probability (the first such iteration on a tie);
 - ``stable``: stop at the first iteration k >= ``min_steps`` whose predicted mask equals that of each of
   the ``patience`` iterations before it (never stable: read at K). An untrained or early network predicts
-  the same empty mask for several steps: ``min_steps`` and ``patience`` are chosen on the validation
-  split, never on a test set.
+  the same empty mask for several steps: ``min_steps`` and ``patience`` are set before any test result
+  (fixed in a study file, or chosen on the validation split), never on a test set.
 
 Both report the share solved and the iterations each image used (mean and max, per size).
 """

@@ -159,8 +159,8 @@ def tables(cs: List[Dict[str, Any]], study) -> List[str]:
     if any(k in c for c in cs for k in rule_cols):
         lines += ["The two per-maze stopping rules at every size, up to 10T: solved (%) and the mean iterations "
                   "used (max-conf: the iteration of largest mean confidence, DeepThinking's; stable: the first "
-                  "iteration whose mask equals the ones before it, its minimum and patience chosen on validation):",
-                  ""]
+                  "iteration from T on whose mask equals those of the iterations before it, its patience fixed in "
+                  "the study file before any result):", ""]
         rule = lambda c, r, s: "-" if f"rule_{r}_solved_{s}" not in c else (  # noqa: E731
             f"{fmt_ci(c[f'rule_{r}_solved_{s}'])} ({fmt_ci(c[f'rule_{r}_iters_{s}'], 1.0, 1)})")
         lines += table(axes + [f"{s}: {name}" for s in sizes for name in ("max-conf", "stable")],
