@@ -51,7 +51,7 @@ def walk(argv, holders: bool = False, to_end: bool = False) -> list:
         if not code.co_filename.startswith(str(SRC)):
             return
         args = [frame.f_locals.get(n) for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]]
-        key = (str(Path(code.co_filename).relative_to(SRC)), code.co_qualname)
+        key = (str(Path(code.co_filename).relative_to(SRC)), getattr(code, "co_qualname", code.co_name))  # 3.11+
         if key not in seen and any(carries_config(a, holders) for a in args):
             seen.add(key)
             calls.append(key)

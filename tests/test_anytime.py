@@ -282,6 +282,27 @@ def test_holdout_keeps_calibration_images_out_of_training():
     assert calib.indices == held and calib.dataset.transform is test.transform  # no augmentation
 
 
+@pytest.mark.parametrize("holdout", [0.1, 0.0])
+def test_a_runs_held_out_images_are_the_ones_its_training_never_read(holdout):
+    """run/loaders.held_out_sets: the held-out part of the training split (the indices training left out),
+    with the test transform; without data.holdout none, or with fallback the seeded calibration split."""
+    from recurvit.config import load_config
+    from recurvit.data import build_datasets
+    from recurvit.data.calibration import calibration_split
+    from recurvit.run.loaders import held_out_sets, run_data
+
+    cfg = load_config("src/recurvit/configs/digits/bvit.yaml", [f"data.holdout={holdout}"])
+    train, test, _ = build_datasets(run_data(cfg))  # what the run trains on
+    held, test2 = held_out_sets(cfg)
+    fallback, _ = held_out_sets(cfg, fallback=True)
+    assert torch.equal(torch.stack([x for x, _ in test2]), torch.stack([x for x, _ in test]))
+    if holdout:
+        assert set(held.indices).isdisjoint(train.indices) and len(held) + len(train) == len(train.dataset)
+        assert held.dataset.transform is test2.transform and fallback.indices == held.indices
+    else:
+        assert held is None and fallback.indices == calibration_split(train, test).indices
+
+
 @pytest.mark.slow
 def test_a_certified_exit_is_chosen_on_the_calibration_split_alone(tiny_runs, monkeypatch):
     """calibrated_exit(certify=(epsilon, delta)): Learn-then-Test picks the threshold from the held-out

@@ -32,8 +32,11 @@ def test_horizon_sweeps_a_maze_run_like_the_library(run, tmp_path, capsys):
     assert [(int(r["size"]), int(r["step"])) for r in rows] == [(s, k) for s in (9, 13) for k in range(1, 6)]
     want = sweep_run(run, max_steps=5, sizes=[9, 13], n=3)
     for size in (9, 13):
-        got = [float(r["solved"]) for r in rows if int(r["size"]) == size]
-        assert got == pytest.approx(want["sweeps"][size]["solved"], abs=0)
+        for col, key in (("solved", "solved"), ("pixel_acc", "accuracy"), ("path_recall", "path_recall"),
+                         ("path_precision", "path_precision")):
+            got = [float(r[col]) if r[col] else None for r in rows if int(r["size"]) == size]
+            assert got == pytest.approx(want["sweeps"][size][key], abs=0)
+    assert summary["stable_rule"] == {"min_steps": 2, "patience": 3}  # the study evaluator's: from T, patience 3
     assert summary["rows"] == json.loads(json.dumps(want["rows"]))
     assert (tmp_path / "horizon.png").stat().st_size > 0
     assert json.loads((tmp_path / "horizon.json").read_text())["rows"] == summary["rows"]
@@ -63,7 +66,7 @@ def test_a_file_of_the_users_is_kept_and_refused_before_the_sweep(run, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 
-def test_a_second_sweep_writes_over_the_first(run, tmp_path, capsys):
+def test_a_second_sweep_writes_over_the_first(run, tmp_path, capsys):  # what it writes is recognised as its own
     argv = ["horizon", str(run), "--steps", "3", "--sizes", "9", "--mazes", "2", "--out", str(tmp_path), "--json"]
     assert main(argv) == 0 and main(argv) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["horizon.csv", "horizon.json", "horizon.png"]

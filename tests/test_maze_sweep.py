@@ -92,5 +92,5 @@ def test_path_recall_and_precision_say_how_the_path_is_wrong():
     data = [(torch.zeros(1, 1, 1, 2), torch.tensor([[[0, 1]]]))]
     sw = maze_sweep(Scripted(logits), data, torch.device("cpu"), max_steps=4)
     assert sw["path_recall"] == [0.0, 1.0, 1.0, 0.0]
-    assert sw["path_precision"] == [1.0, 0.5, 1.0, 0.0]  # nothing marked: nothing marked wrongly
+    assert sw["path_precision"] == [None, 0.5, 1.0, 0.0]  # nothing marked: no precision to speak of
     assert sw["solved"] == [0.0, 0.0, 1.0, 0.0]

@@ -78,11 +78,15 @@ def test_predict_csv_never_writes_over_a_file_it_did_not_write(trained, tmp_path
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_horizon_never_writes_over_a_file_it_did_not_write(trained, tmp_path, capsys):
+def test_horizon_never_writes_over_a_file_it_did_not_write(trained, tmp_path, capsys, monkeypatch):
+    import recurvit.analysis.horizon as horizon
+
     run = _copy(trained, tmp_path)
     (run / "horizon.csv").write_text("my notes\n")
+    swept, real = [], horizon.horizon_sweep
+    monkeypatch.setattr(horizon, "horizon_sweep", lambda *a, **k: swept.append(1) or real(*a, **k))
     _fails(capsys, ["horizon", run, "--steps", "2"], "horizon.csv exists and was not written by this command")
-    assert (run / "horizon.csv").read_text() == "my notes\n"
+    assert (run / "horizon.csv").read_text() == "my notes\n" and not swept  # refused before the sweep
     (run / "horizon.csv").unlink()
     for _ in range(2):  # its own files are written again
         code, out = _cli(capsys, ["horizon", run, "--steps", "2"])

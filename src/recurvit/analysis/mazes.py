@@ -15,7 +15,8 @@ The rules, each image on its own:
 - ``stable``: stop at the first iteration k >= ``min_steps`` whose predicted mask equals that of each of
   the ``patience`` iterations before it (never stable: read at K). An untrained or early network predicts
   the same empty mask for several steps: ``min_steps`` and ``patience`` are set before any test result
-  (fixed in a study file, or chosen on the validation split), never on a test set.
+  (the study evaluator and ``recurvit horizon`` use T and :data:`PATIENCE` unless told otherwise), never
+  chosen on a test set.
 
 Both report the share solved and the iterations each image used (mean and max, per size).
 """
@@ -34,6 +35,8 @@ from ..run.load import load
 from ..run.outputs import save_figure, write_text
 
 FACTORS = (1, 2, 4, 8, 10, 16)  # solved at k x T for these k (when the sweep reaches them)
+SWEEPS_MARK = b'{"trained_steps": '  # how sweeps.json begins
+PATIENCE = 3  # the stable rule's default patience (the study evaluator's and recurvit horizon's); minimum: T
 
 
 @torch.no_grad()
@@ -41,8 +44,8 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
                patience: int = 1, keep: int = 0) -> Dict[str, object]:
     """Per iteration 1..K: pixel accuracy, solved (share of images with every pixel right), and how the
     path is wrong: ``path_recall`` (share of the path's pixels predicted path) and ``path_precision`` (share
-    of the pixels predicted path that are on it; 1 where none is predicted) - a path eroded past the
-    answer loses recall, one spilling into dead ends loses precision. Per rule
+    of the pixels predicted path that are on it; None where none is) - a path eroded past the answer loses
+    recall, one spilling into dead ends loses precision. Per rule
     (``max_conf``, ``stable``): solved and the iterations used. See the module docstring. ``keep`` > 0:
     also ``kept``, the first ``keep`` images of the first batch (uint8 (n, 3, H, W) in 0..255 as the loader
     gives them in [0, 1]), their targets and predicted masks at K (uint8 (n, H, W)), for a picture."""
@@ -102,7 +105,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
     out: Dict[str, object] = {"step": list(range(1, K + 1)), "accuracy": (correct / max(pixels, 1)).tolist(),
                               "solved": (solved_k / max(n, 1)).tolist(), "n": n,
                               "path_recall": (hit / max(path_px, 1)).tolist(),
-                              "path_precision": torch.where(marked > 0, hit / marked.clamp(min=1), 1.0).tolist()}
+                              "path_precision": [h / m if m else None for h, m in zip(hit.tolist(), marked.tolist())]}
     kept = rules.pop("kept", None)
     for r, v in rules.items():
         steps = v["steps"]
@@ -129,9 +132,17 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
     """The sweep of a trained maze run (a run directory or checkpoint): every size of ``sizes`` (default: the
     run's ``data.maze_test_sizes``), ``n`` test mazes each (default: the run's ``data.maze_test``), up to
     ``max_steps`` (default ``factor`` x the trained depth). With ``out`` (a folder) writes sweeps.json and
-    solved.png there. Returns {"trained_steps", "sweeps", "rows"}."""
+    solved.png there (claimed before the sweep). The stable rule starts at T with patience :data:`PATIENCE`
+    unless ``rule_options`` say otherwise. Returns {"trained_steps", "sweeps", "rows"}."""
     import json
     from dataclasses import replace
+
+    from ..run.outputs import PNG, claim_file, output_dir
+
+    if out is not None:
+        out = output_dir(Path(out), "out")
+        claim_file(out / "sweeps.json", SWEEPS_MARK, "sweeps.json")
+        claim_file(out / "solved.png", PNG, "plot")
 
     loaded = load(run)
     model, cfg = loaded.model, loaded.config
@@ -140,12 +151,12 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
     dev = torch.device(device)
     model = model.to(dev)
     T = model.nominal_steps
-    sweeps = maze_sweep_sizes(model, maze_test_sets(data), dev, max_steps or factor * T, batch_size, **rule_options)
+    K = max_steps or factor * T
+    rule_options = {"min_steps": min(T, K), "patience": PATIENCE, **rule_options}  # the study evaluator's defaults
+    sweeps = maze_sweep_sizes(model, maze_test_sets(data), dev, K, batch_size, **rule_options)
     result = {"trained_steps": T, "sweeps": sweeps, "rows": summarize_mazes(sweeps, T)}
     if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_text(out / "sweeps.json", json.dumps(result), b'{"trained_steps": ', "sweeps.json")
+        write_text(out / "sweeps.json", json.dumps(result), SWEEPS_MARK, "sweeps.json")
         plot_solved(sweeps, T, out / "solved.png", title=f"{cfg.model.name}: solved against iterations")
     return result
 
@@ -203,4 +214,4 @@ def plot_solved(sweeps: Mapping[int, Dict[str, object]], trained: int, path: Pat
         save_figure(fig, path)
 
 
-__all__ = ["FACTORS", "maze_sweep", "maze_sweep_sizes", "plot_solved", "summarize_mazes", "sweep_run"]
+__all__ = ["FACTORS", "PATIENCE", "maze_sweep", "maze_sweep_sizes", "plot_solved", "summarize_mazes", "sweep_run"]

@@ -97,7 +97,7 @@ def _mazes(args, loaded) -> int:
 
     from torch.utils.data import DataLoader
 
-    from ..analysis.mazes import maze_sweep_sizes, plot_solved, summarize_mazes
+    from ..analysis.mazes import PATIENCE, maze_sweep_sizes, plot_solved, summarize_mazes
     from ..data.mazes import maze_test_sets
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
@@ -121,7 +121,8 @@ def _mazes(args, loaded) -> int:
     check_cost(model, DataLoader(largest, batch_size=batch), device, K, len(sets) * -(-args.mazes // batch), args)
     outputs = claim_outputs(out_dir, {"horizon.csv": ",".join(MAZE_CSV[:2]).encode(), "horizon.png": PNG,
                                       "horizon.json": JSON_MARK})
-    sweeps = maze_sweep_sizes(model, sets, device, K, batch_size=batch)
+    rule = {"min_steps": min(T, K), "patience": PATIENCE}  # the study evaluator's defaults
+    sweeps = maze_sweep_sizes(model, sets, device, K, batch_size=batch, **rule)
     rows = summarize_mazes(sweeps, T)
     table = io.StringIO(newline="")
     w = csv.writer(table)
@@ -134,7 +135,7 @@ def _mazes(args, loaded) -> int:
     plot_solved(sweeps, T, out_dir / "horizon.png",
                 title=f"{run_name}: trained at {cfg.data.maze_size}x{cfg.data.maze_size}, T = {T}, swept to {K}")
     summary = {"run": str(args.run), "model": cfg.model.name, "trained_steps": T, "max_steps": K,
-               "mazes": args.mazes, "rows": rows, "csv": str(out_dir / "horizon.csv"),
+               "mazes": args.mazes, "stable_rule": rule, "rows": rows, "csv": str(out_dir / "horizon.csv"),
                "png": str(out_dir / "horizon.png")}
     write_text(outputs["horizon.json"], json.dumps(summary, indent=1) + "\n", JSON_MARK, "horizon.json")
     if args.json:
@@ -143,7 +144,8 @@ def _mazes(args, loaded) -> int:
     pct = lambda v: "   -  " if v is None else f"{100 * v:5.1f}%"  # noqa: E731
     print(f"{cfg.model.name}: trained at {cfg.data.maze_size}x{cfg.data.maze_size} with T={T}, swept K={K}, "
           f"{args.mazes} test mazes a size; solved at")
-    print("   size      T     2T     4T    10T   best (iter)  max_conf  stable (mean iters)")
+    print(f"   size      T     2T     4T    10T   best (iter)  max_conf  stable (mean iters; from iteration "
+          f"{rule['min_steps']}, {rule['patience']} unchanged)")
     for r in rows:
         print(f"  {r['size']:>2}x{r['size']:<2} {pct(r['solved_T'])} {pct(r['solved_2T'])} {pct(r['solved_4T'])} "
               f"{pct(r['solved_10T'])} {pct(r['solved_best'])} ({r['best_step']:>3})  {pct(r['max_conf_solved'])}"

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ...analysis.mazes import maze_sweep
+from ...analysis.mazes import PATIENCE, maze_sweep
 from ...data.mazes import build_mazes, maze_test_sets
 from ...errors import UserError
 from ...study.evaluators import Evaluated, Evaluator
@@ -109,7 +109,7 @@ def example_of(kept: Dict[str, Any], size: int, K: int) -> Dict[str, Any]:
 
 class Mazes(Evaluator):
     name = "mazes"
-    defaults = {"max_steps_factor": 10, "mazes": 300, "min_steps": None, "patience": 3, "batch_size": 50}
+    defaults = {"max_steps_factor": 10, "mazes": 300, "min_steps": None, "patience": PATIENCE, "batch_size": 50}
     minimum = {"max_steps_factor": 1, "mazes": 1, "patience": 1, "batch_size": 1}
     default = True  # every dense study sweeps sizes x iterations
 

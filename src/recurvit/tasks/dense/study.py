@@ -33,7 +33,7 @@ from ...study.grouping import table
 from ...study.plateau import plateau_change, plateau_per_seed, plateau_summary
 from ...study.stats import fmt_ci, mean_ci
 from ..classify.study import check_run, train_run  # noqa: F401  (check_run: a maze run's config is a run config too)
-from .evaluators import EVALUATORS, RUN_COLUMNS, size_columns  # noqa: F401  (EVALUATORS: the study's table)
+from .evaluators import EVALUATORS, RUN_COLUMNS, Mazes, size_columns  # noqa: F401  (EVALUATORS: the study's table)
 from .plots import maze_picture, solved_panels
 
 name = "dense"
@@ -157,10 +157,12 @@ def tables(cs: List[Dict[str, Any]], study) -> List[str]:
             for c in cs]) + [""]
     rule_cols = [f"rule_{r}_solved_{s}" for s in sizes for r in ("conf", "stable")]
     if any(k in c for c in cs for k in rule_cols):
-        lines += ["The two per-maze stopping rules at every size, up to 10T: solved (%) and the mean iterations "
-                  "used (max-conf: the iteration of largest mean confidence, DeepThinking's; stable: the first "
-                  "iteration from T on whose mask equals those of the iterations before it, its patience fixed in "
-                  "the study file before any result):", ""]
+        o = {**Mazes.defaults, **study.evaluators.get("mazes", {})}  # as the study file set them, before any result
+        start = "T" if o["min_steps"] is None else str(o["min_steps"])
+        lines += [f"The two per-maze stopping rules at every size, up to {o['max_steps_factor']}T: solved (%) and "
+                  "the mean iterations used (max-conf: the iteration of largest mean confidence, DeepThinking's; "
+                  f"stable: the first iteration from {start} on whose mask equals those of the {o['patience']} "
+                  "iterations before it; never stable: the last):", ""]
         rule = lambda c, r, s: "-" if f"rule_{r}_solved_{s}" not in c else (  # noqa: E731
             f"{fmt_ci(c[f'rule_{r}_solved_{s}'])} ({fmt_ci(c[f'rule_{r}_iters_{s}'], 1.0, 1)})")
         lines += table(axes + [f"{s}: {name}" for s in sizes for name in ("max-conf", "stable")],
