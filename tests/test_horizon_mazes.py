@@ -42,12 +42,20 @@ def test_horizon_sweeps_a_maze_run_like_the_library(run, tmp_path, capsys):
     assert json.loads((tmp_path / "horizon.json").read_text())["rows"] == summary["rows"]
 
 
-@pytest.mark.parametrize("bad", [["--sizes", "8"], ["--sizes", "3"], ["--mazes", "0"]])
+def test_the_stable_rule_can_be_set_and_is_reported(run, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["horizon", str(run), "--steps", "4", "--sizes", "9", "--mazes", "2", "--min-steps", "1",
+                 "--patience", "2", "--out", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stable_rule"] == {"min_steps": 1, "patience": 2}
+
+
+@pytest.mark.parametrize("bad", [["--sizes", "8"], ["--sizes", "3"], ["--mazes", "0"], ["--patience", "0"],
+                                 ["--min-steps", "0"]])
 def test_a_size_no_maze_can_have_is_one_line(run, tmp_path, bad, capsys):
     capsys.readouterr()
     assert main(["horizon", str(run), "--out", str(tmp_path), *bad]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and ("--sizes" in err[0] or "--mazes" in err[0])
+    assert len(err) == 1 and bad[0] in err[0]
     assert not (tmp_path / "horizon.csv").exists()
 
 

@@ -40,6 +40,11 @@ def add_parser(sub):
                    help="maze run: the maze sizes to test (default: the run's data.maze_test_sizes)")
     p.add_argument("--mazes", type=int, default=200, metavar="N",
                    help="maze run: test mazes a size (default: 200)")
+    p.add_argument("--min-steps", type=int, metavar="M",
+                   help="maze run: the stable rule's first possible stop (default: the trained depth T)")
+    p.add_argument("--patience", type=int, metavar="P",
+                   help="maze run: iterations the predicted path must stay unchanged for the stable rule to stop "
+                        "(default 3, as the study evaluator)")
     p.add_argument("--data-root", help="where the run's data set lives now (overrides data.root)")
     add_force_arg(p)
     add_device_arg(p)
@@ -56,6 +61,9 @@ def run(args) -> int:
     loaded = load_trained(args.run)
     if loaded.config.data.name == "mazes":  # the dense task (its data chooses it)
         return _mazes(args, loaded)
+    for flag, value in (("--sizes", args.sizes), ("--min-steps", args.min_steps), ("--patience", args.patience)):
+        if value is not None:
+            raise UserError(f"{flag} is for a maze run's sweep; {args.run} is a {loaded.config.data.name} run")
     model, cfg, device, test_loader, info = open_trained(args, loaded)
     out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))  # before the work
     T = model.nominal_steps
@@ -106,6 +114,9 @@ def _mazes(args, loaded) -> int:
     if args.mazes < 1 or any(s < 5 or s % 2 == 0 for s in args.sizes or ()):
         raise UserError(f"--mazes must be >= 1 and every --sizes an odd number >= 5, got {args.mazes} and "
                         f"{args.sizes}")
+    for flag, value in (("--min-steps", args.min_steps), ("--patience", args.patience)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag} must be >= 1, got {value}")
     model, cfg = loaded.model, loaded.config
     check_finite(model, args.run)
     out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))
@@ -121,7 +132,7 @@ def _mazes(args, loaded) -> int:
     check_cost(model, DataLoader(largest, batch_size=batch), device, K, len(sets) * -(-args.mazes // batch), args)
     outputs = claim_outputs(out_dir, {"horizon.csv": ",".join(MAZE_CSV[:2]).encode(), "horizon.png": PNG,
                                       "horizon.json": JSON_MARK})
-    rule = {"min_steps": min(T, K), "patience": PATIENCE}  # the study evaluator's defaults
+    rule = {"min_steps": args.min_steps or min(T, K), "patience": args.patience or PATIENCE}  # defaults: the study's
     sweeps = maze_sweep_sizes(model, sets, device, K, batch_size=batch, **rule)
     rows = summarize_mazes(sweeps, T)
     table = io.StringIO(newline="")
