@@ -141,3 +141,19 @@ def _predict_writes_the_path_beside_the_maze(run, tmp_path):
         assert im.size == (24, 24)
     assert main(["predict", str(run), str(tmp_path)]) == 0  # its own output, read again, is left out
     assert not (tmp_path / "maze.path.path.png").exists()
+
+
+def test_the_picture_shows_the_model_that_got_furthest_when_none_solves_the_largest_mazes():
+    from recurvit.tasks.dense.plots import _best_cell
+
+    def cell(name, **solved):
+        c = {"cell": name, "sizes": [9, 13, 39], "rows": [{"maze_example": {}}]}
+        c.update({k: {"mean": v} for k, v in solved.items()})
+        return c
+
+    cs = [cell("vit", solved_9=0.1, solved_13=0.0, solved_39=0.0, solved_39_10T=0.0),
+          cell("conv", solved_9=0.99, solved_13=0.39, solved_39=0.0, solved_39_10T=0.0),
+          cell("rope", solved_9=1.0, solved_13=0.2, solved_39=0.0, solved_39_10T=0.0)]
+    assert _best_cell(cs)["cell"] == "conv"  # 39: a tie at 0; 13: 0.39 beats 0.2 and 0
+    cs[0]["solved_39_10T"] = {"mean": 0.01}
+    assert _best_cell(cs)["cell"] == "vit"  # the largest size decides first

@@ -47,13 +47,13 @@ def solved_panels(cs: List[Dict[str, Any]], study, out_dir: Path) -> Tuple[str, 
 
 
 def _best_cell(cs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """The cell with the most solved at the largest size (at 10T, else at T), among cells with an example."""
+    """The cell with the most solved at the largest size (at 10T or at T, the larger), among cells with an
+    example; a tie (none solves any there) goes to the next size down, and so on: the model that got furthest."""
+    def solved(c, key):
+        return c[key]["mean"] if key in c and not math.isnan(c[key]["mean"]) else -1.0
+
     def score(c):
-        s = max(c["sizes"]) if c["sizes"] else None
-        for key in (f"solved_{s}_10T", f"solved_{s}"):
-            if key in c and not math.isnan(c[key]["mean"]):
-                return (s, c[key]["mean"])
-        return (-1, -1.0)
+        return tuple(max(solved(c, f"solved_{s}_10T"), solved(c, f"solved_{s}")) for s in sorted(c["sizes"])[::-1])
 
     have = [c for c in cs if any(isinstance(r.get("maze_example"), dict) for r in c["rows"])]
     return max(have, key=score) if have else None
