@@ -39,6 +39,13 @@ SWEEPS_MARK = b'{"trained_steps": '  # how sweeps.json begins
 PATIENCE = 3  # the stable rule's default patience (the study evaluator's and recurvit horizon's); minimum: T
 
 
+def stable_rule(trained: int, max_steps: int, min_steps: Optional[int] = None,
+                patience: Optional[int] = None) -> Dict[str, int]:
+    """The stable rule's options: from the trained depth T (at most K) with :data:`PATIENCE`, the study
+    evaluator's defaults, unless given."""
+    return {"min_steps": min_steps or min(trained, max_steps), "patience": patience or PATIENCE}
+
+
 @torch.no_grad()
 def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_steps: int, min_steps: int = 1,
                patience: int = 1, keep: int = 0) -> Dict[str, object]:
@@ -137,12 +144,11 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
     import json
     from dataclasses import replace
 
-    from ..run.outputs import PNG, claim_file, output_dir
+    from ..run.outputs import PNG, claim_files, output_dir
 
     if out is not None:
         out = output_dir(Path(out), "out")
-        claim_file(out / "sweeps.json", SWEEPS_MARK, "sweeps.json")
-        claim_file(out / "solved.png", PNG, "plot")
+        claim_files(out, {"sweeps.json": SWEEPS_MARK, "solved.png": PNG})
 
     loaded = load(run)
     model, cfg = loaded.model, loaded.config
@@ -152,7 +158,7 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
     model = model.to(dev)
     T = model.nominal_steps
     K = max_steps or factor * T
-    rule_options = {"min_steps": min(T, K), "patience": PATIENCE, **rule_options}  # the study evaluator's defaults
+    rule_options = {**stable_rule(T, K), **rule_options}
     sweeps = maze_sweep_sizes(model, maze_test_sets(data), dev, K, batch_size, **rule_options)
     result = {"trained_steps": T, "sweeps": sweeps, "rows": summarize_mazes(sweeps, T)}
     if out is not None:
@@ -214,4 +220,4 @@ def plot_solved(sweeps: Mapping[int, Dict[str, object]], trained: int, path: Pat
         save_figure(fig, path)
 
 
-__all__ = ["FACTORS", "PATIENCE", "maze_sweep", "maze_sweep_sizes", "plot_solved", "summarize_mazes", "sweep_run"]
+__all__ = ["FACTORS", "PATIENCE", "maze_sweep", "maze_sweep_sizes", "plot_solved", "stable_rule", "summarize_mazes", "sweep_run"]

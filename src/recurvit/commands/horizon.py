@@ -11,15 +11,6 @@ MAZE_CSV = ["size", "step", "solved", "pixel_acc", "path_recall", "path_precisio
 JSON_MARK = b'{\n "run": '  # how horizon.json begins (a file of that name that does not is the user's)
 
 
-def claim_outputs(folder: Path, marks: dict) -> dict:
-    """{name: folder / name}, each claimed before the sweep (minutes at 10T): a file of the user's of that
-    name is one line now, not after the work (recurvit.run.outputs.claim_file; ``marks``: name -> how a file
-    this command wrote begins)."""
-    from ..run.outputs import claim_file
-
-    return {name: claim_file(folder / name, mark, name) for name, mark in marks.items()}
-
-
 def add_parser(sub):
     p = sub.add_parser("horizon", help="accuracy at every step up to K, beyond the training depth",
                        description="Writes horizon.csv (step, accuracy, loss, rel_change) and horizon.png into the "
@@ -54,7 +45,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     from ..analysis.horizon import horizon_sweep, plot, summarize, write_csv
-    from ..run.outputs import PNG, output_dir
+    from ..run.outputs import PNG, claim_files, output_dir
 
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
@@ -73,7 +64,7 @@ def run(args) -> int:
         note = f"this {model.cfg.core} model runs at most {model.core.limit} steps; K capped"
         K = model.core.limit
     check_cost(model, test_loader, device, K, len(test_loader), args)
-    claim_outputs(out_dir, {"horizon.csv": b"step,accuracy", "horizon.png": PNG})
+    claim_files(out_dir, {"horizon.csv": b"step,accuracy", "horizon.png": PNG})
     sweep = horizon_sweep(model, test_loader, device, K, progress=not args.json)
     write_csv(sweep, out_dir / "horizon.csv")
     label = f"{cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)})"
@@ -105,11 +96,11 @@ def _mazes(args, loaded) -> int:
 
     from torch.utils.data import DataLoader
 
-    from ..analysis.mazes import PATIENCE, maze_sweep_sizes, plot_solved, summarize_mazes
+    from ..analysis.mazes import maze_sweep_sizes, stable_rule, plot_solved, summarize_mazes
     from ..data.mazes import maze_test_sets
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
-    from ..run.outputs import PNG, output_dir, write_text
+    from ..run.outputs import PNG, claim_files, output_dir, write_text
 
     if args.mazes < 1 or any(s < 5 or s % 2 == 0 for s in args.sizes or ()):
         raise UserError(f"--mazes must be >= 1 and every --sizes an odd number >= 5, got {args.mazes} and "
@@ -130,9 +121,9 @@ def _mazes(args, loaded) -> int:
     largest = sets[max(sets)]
     batch = 50
     check_cost(model, DataLoader(largest, batch_size=batch), device, K, len(sets) * -(-args.mazes // batch), args)
-    outputs = claim_outputs(out_dir, {"horizon.csv": ",".join(MAZE_CSV[:2]).encode(), "horizon.png": PNG,
+    outputs = claim_files(out_dir, {"horizon.csv": ",".join(MAZE_CSV[:2]).encode(), "horizon.png": PNG,
                                       "horizon.json": JSON_MARK})
-    rule = {"min_steps": args.min_steps or min(T, K), "patience": args.patience or PATIENCE}  # defaults: the study's
+    rule = stable_rule(T, K, args.min_steps, args.patience)
     sweeps = maze_sweep_sizes(model, sets, device, K, batch_size=batch, **rule)
     rows = summarize_mazes(sweeps, T)
     table = io.StringIO(newline="")

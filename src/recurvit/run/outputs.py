@@ -52,6 +52,12 @@ def claim_file(path: Path, signature: Optional[bytes] = None, what: str = "outpu
     return path
 
 
+def claim_files(folder: Path, marks: dict) -> dict:
+    """{name: folder / name}, each claimed (:func:`claim_file`; ``marks``: name -> how a file recurvit wrote
+    there begins): called before long work, a file of the user's of that name is one line at once."""
+    return {name: claim_file(Path(folder) / name, mark, name) for name, mark in marks.items()}
+
+
 def output_dir(path: Path, what: str = "--out") -> Path:
     """``path`` made (with its parents) if missing; a file there or an unwritable place is one line."""
     path = Path(path)
