@@ -184,9 +184,10 @@ def test_history_says_whether_a_rule_came_before_its_results(tmp_path):
     git(tmp_path, "commit", "-qam", "a rule written after its results")
     assert rule_came(tmp_path, path, "late", results) == "after"
     assert rule_came(tmp_path, path, "early", results) == "before"  # other claims of the file unchanged
-    reworded = {**later, "early": {**first["early"], "data": "Fashion-MNIST, 30 epochs", "label": "ViT − naive"}}
+    reworded = {**later, "early": {**first["early"], "data": "Fashion-MNIST, 30 epochs", "label": "ViT − naive",
+                                   "scale": 1, "unit": "iterations"}}
     study_file(tmp_path, reworded)
-    git(tmp_path, "commit", "-qam", "the early row's description of its data and figure reworded")
+    git(tmp_path, "commit", "-qam", "the early row's description of its data and figure reworded, its unit too")
     assert rule_came(tmp_path, path, "early", results) == "before"  # presentation only: the rule is unchanged
     changed = {**later, "early": claim(a={"regime": "vit"}, b={"regime": "naive"}, side=-1)}
     study_file(tmp_path, changed)

@@ -33,12 +33,15 @@ def _claims_at(root: Path, commit: str, rel: str) -> Dict[str, Any]:
     return (doc.get("claims") if isinstance(doc, dict) else None) or {}
 
 
-PRESENTATION = ("data", "label")  # how a row describes its data and figure: not part of the rule
+# how a row describes its data and figure, and the unit its figure is printed in (margins and thresholds are
+# in the figure's own units, so ``scale`` and ``unit`` never reach a decision): not part of the rule
+PRESENTATION = ("data", "label", "scale", "unit")
 
 
 def _rule(claim: Any) -> Any:
     """A claim as its rule: every key but the presentation ones (rewording a row's description of its
-    data or figure does not make its rule later; its words, cells, figure, kind and margin do)."""
+    data or figure, or the unit it is printed in, does not make its rule later; its words, cells, figure,
+    kind and margin do)."""
     return {k: v for k, v in claim.items() if k not in PRESENTATION} if isinstance(claim, dict) else claim
 
 
