@@ -40,6 +40,10 @@ def test_horizon_sweeps_a_maze_run_like_the_library(run, tmp_path, capsys):
     assert summary["rows"] == json.loads(json.dumps(want["rows"]))
     assert (tmp_path / "horizon.png").stat().st_size > 0
     assert json.loads((tmp_path / "horizon.json").read_text())["rows"] == summary["rows"]
+    pic = summary["picture"]  # the largest size where the stable rule solved a maze, else the largest
+    assert (tmp_path / "horizon_maze.png").stat().st_size > 0 and pic["png"] == str(tmp_path / "horizon_maze.png")
+    solved = [r["size"] for r in summary["rows"] if r["stable_solved"] > 0]
+    assert pic["size"] == max(solved, default=13) and pic["stable_solved"] == bool(solved)
 
 
 def test_the_stable_rule_can_be_set_and_is_reported(run, tmp_path, capsys):
@@ -59,7 +63,7 @@ def test_a_size_no_maze_can_have_is_one_line(run, tmp_path, bad, capsys):
     assert not (tmp_path / "horizon.csv").exists()
 
 
-@pytest.mark.parametrize("name", ["horizon.csv", "horizon.json", "horizon.png"])
+@pytest.mark.parametrize("name", ["horizon.csv", "horizon.json", "horizon.png", "horizon_maze.png"])
 def test_a_file_of_the_users_is_kept_and_refused_before_the_sweep(run, tmp_path, name, capsys, monkeypatch):
     import recurvit.analysis.mazes as mazes
 
@@ -77,4 +81,5 @@ def test_a_file_of_the_users_is_kept_and_refused_before_the_sweep(run, tmp_path,
 def test_a_second_sweep_writes_over_the_first(run, tmp_path, capsys):  # what it writes is recognised as its own
     argv = ["horizon", str(run), "--steps", "3", "--sizes", "9", "--mazes", "2", "--out", str(tmp_path), "--json"]
     assert main(argv) == 0 and main(argv) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["horizon.csv", "horizon.json", "horizon.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["horizon.csv", "horizon.json", "horizon.png",
+                                                          "horizon_maze.png"]

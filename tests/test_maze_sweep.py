@@ -48,6 +48,35 @@ def test_the_rules_on_a_known_sequence():
     assert maze_sweep(Scripted(logits), data, torch.device("cpu"), 4, patience=2)["stable"]["steps"] == [4, 4]
 
 
+def test_the_example_is_the_first_maze_the_stable_rule_solves_with_its_masks():
+    # batch 1: image 0 predicts 0, 1, 0, 0 (its mask never stable from 2: read at K, not solved); image 1
+    # predicts 0 throughout (stops at 2 on its empty mask). Batch 2: image 0 predicts 0, 1, 1, 0 (stops at 3,
+    # solved; at K it has erased the path: overthinking), image 1 predicts 1 throughout (solved, stops at 2)
+    one = _seq([[0, 0], [1, 0], [0, 0], [0, 0]], [[1, 1]] * 4)
+    two = _seq([[0, 1], [1, 1], [1, 1], [0, 1]], [[1, 1]] * 4)
+    x, y = torch.full((2, 3, 1, 2), 0.5), torch.ones(2, 1, 2, dtype=torch.long)
+
+    class TwoBatches(Scripted):
+        def __init__(self):
+            super().__init__(None)
+            self.batch = -1
+
+        def iter_states(self, x, steps):
+            self.batch += 1
+            self.logits = (one, two)[self.batch]
+            return iter(range(steps))
+
+    sw = maze_sweep(TwoBatches(), [(x, y), (x, y)], torch.device("cpu"), max_steps=4, min_steps=2, example=True)
+    ex = sw["example"]
+    assert sw["stable"]["steps"] == [4, 2, 3, 2]  # (min_steps 2, patience 1)
+    assert ex["solved"] and ex["step"] == 3 and not ex["solved_last"]  # batch 2's image 0, the first solved
+    assert ex["stop"].tolist() == [[1, 1]] and ex["last"].tolist() == [[0, 0]] and ex["target"].tolist() == [[1, 1]]
+    assert ex["image"].shape == (3, 1, 2) and ex["image"].dtype == torch.uint8 and int(ex["image"][0, 0, 0]) == 128
+    none = maze_sweep(Scripted(one), [(x, y)], torch.device("cpu"), max_steps=4, min_steps=2, example=True)["example"]
+    assert not none["solved"] and none["step"] == 4 and none["stop"].tolist() == [[0, 0]]  # the first maze, read at K
+    assert "example" not in maze_sweep(Scripted(one), [(x, y)], torch.device("cpu"), max_steps=4)
+
+
 def test_one_pass_gives_every_iteration_at_every_size(tmp_path):
     torch.manual_seed(0)
     model = create_model("dt_net_recall", width=8, steps=3)

@@ -23,7 +23,7 @@ Both report the share solved and the iterations each image used (mean and max, p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -48,14 +48,16 @@ def stable_rule(trained: int, max_steps: int, min_steps: Optional[int] = None,
 
 @torch.no_grad()
 def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_steps: int, min_steps: int = 1,
-               patience: int = 1, keep: int = 0) -> Dict[str, object]:
+               patience: int = 1, keep: int = 0, example: bool = False) -> Dict[str, object]:
     """Per iteration 1..K: pixel accuracy, solved (share of images with every pixel right), and how the
     path is wrong: ``path_recall`` (share of the path's pixels predicted path) and ``path_precision`` (share
     of the pixels predicted path that are on it; None where none is) - a path eroded past the answer loses
     recall, one spilling into dead ends loses precision. Per rule
     (``max_conf``, ``stable``): solved and the iterations used. See the module docstring. ``keep`` > 0:
     also ``kept``, the first ``keep`` images of the first batch (uint8 (n, 3, H, W) in 0..255 as the loader
-    gives them in [0, 1]), their targets and predicted masks at K (uint8 (n, H, W)), for a picture."""
+    gives them in [0, 1]), their targets and predicted masks at K (uint8 (n, H, W)), for a picture.
+    ``example``: also ``example``, the first maze the stable rule solves (else the first maze): its image,
+    target, the mask where the rule stopped (``stop``, at iteration ``step``) and the mask at K (``last``)."""
     model.eval()
     K = int(max_steps)
     if K < 1 or min_steps < 1 or patience < 1:
@@ -74,6 +76,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
         stopped = torch.zeros(B, dtype=torch.bool, device=device)
         stop_step = torch.full((B,), K, dtype=torch.long, device=device)
         stop_solved = torch.zeros(B, dtype=torch.bool, device=device)
+        stop_pred = None  # (with ``example``) each image's mask where the stable rule stopped it
         prev, unchanged = None, torch.zeros(B, dtype=torch.long, device=device)
         solved = None
         for k, z in enumerate(model.iter_states(x, K), start=1):
@@ -96,12 +99,24 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
                 stop = (unchanged >= patience) & ~stopped & (k >= min_steps)
                 stop_step[stop] = k
                 stop_solved[stop] = solved[stop]
+                if example:
+                    stop_pred = pred.clone() if stop_pred is None else torch.where(stop[:, None, None], pred,
+                                                                                   stop_pred)
                 stopped |= stop
             prev = pred
         if keep and "kept" not in rules:
             rules["kept"] = {"image": (x[:keep].clamp(0, 1) * 255).round().to(torch.uint8).cpu(),
                              "target": y[:keep].to(torch.uint8).cpu(), "pred": pred[:keep].to(torch.uint8).cpu()}
         stop_solved[~stopped] = solved[~stopped]  # never stable: the last iteration's readout
+        if example and not rules.get("example", {}).get("solved", False):
+            stop_pred = pred if stop_pred is None else torch.where(stopped[:, None, None], stop_pred, pred)
+            hits = stop_solved.nonzero()
+            if len(hits) or "example" not in rules:
+                i = int(hits[0]) if len(hits) else 0
+                rules["example"] = {"image": (x[i].clamp(0, 1) * 255).round().to(torch.uint8).cpu(),
+                                    "target": y[i].to(torch.uint8).cpu(), "stop": stop_pred[i].to(torch.uint8).cpu(),
+                                    "last": pred[i].to(torch.uint8).cpu(), "step": int(stop_step[i]),
+                                    "solved": bool(stop_solved[i]), "solved_last": bool(solved[i])}
         rules["max_conf"]["solved"] += int(best_solved.sum())
         rules["max_conf"]["steps"] += best_step.tolist()
         rules["stable"]["solved"] += int(stop_solved.sum())
@@ -113,7 +128,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
                               "solved": (solved_k / max(n, 1)).tolist(), "n": n,
                               "path_recall": (hit / max(path_px, 1)).tolist(),
                               "path_precision": [h / m if m else None for h, m in zip(hit.tolist(), marked.tolist())]}
-    kept = rules.pop("kept", None)
+    kept, picked = rules.pop("kept", None), rules.pop("example", None)
     for r, v in rules.items():
         steps = v["steps"]
         out[r] = {"solved": v["solved"] / max(n, 1), "steps_mean": sum(steps) / max(len(steps), 1),
@@ -121,6 +136,8 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
     out["stable"].update(min_steps=min_steps, patience=patience)
     if kept is not None:
         out["kept"] = kept
+    if picked is not None:
+        out["example"] = picked
     return out
 
 
@@ -220,4 +237,33 @@ def plot_solved(sweeps: Mapping[int, Dict[str, object]], trained: int, path: Pat
         save_figure(fig, path)
 
 
-__all__ = ["FACTORS", "PATIENCE", "maze_sweep", "maze_sweep_sizes", "plot_solved", "stable_rule", "summarize_mazes", "sweep_run"]
+def draw_maze(panels: List[Tuple[str, object]], title: str, path: Path) -> None:
+    """One maze side by side: ``panels`` of (title, image), an RGB image (H, W, 3) or a mask (H, W) drawn
+    white on black (uint8 arrays or tensors), under ``title``; written to ``path``."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3 * len(panels), 3.3), dpi=110)
+    for i, (name, im) in enumerate(panels):
+        im = np.asarray(im)
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        ax.imshow(im, cmap=None if im.ndim == 3 else "gray", vmin=0, vmax=255 if im.ndim == 3 else 1,
+                  interpolation="nearest")
+        ax.set_title(name, fontsize=8)
+        ax.axis("off")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def example_panels(ex: Mapping[str, object], max_steps: int) -> List[Tuple[str, object]]:
+    """The panels of a sweep's ``example`` (see :func:`maze_sweep`): input, the mask where the stable rule
+    stopped, the mask at K, target."""
+    state = lambda ok: "solved" if ok else "not solved"  # noqa: E731
+    return [("input", ex["image"].permute(1, 2, 0)),
+            (f"stable rule: stopped at {ex['step']} ({state(ex['solved'])})", ex["stop"]),
+            (f"at {max_steps} iterations ({state(ex['solved_last'])})", ex["last"]),
+            ("target path", ex["target"])]
+
+
+__all__ = ["FACTORS", "PATIENCE", "draw_maze", "example_panels", "maze_sweep", "maze_sweep_sizes", "plot_solved", "stable_rule", "summarize_mazes", "sweep_run"]

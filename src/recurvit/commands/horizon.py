@@ -9,6 +9,7 @@ from . import DeprecatedOption, add_device_arg, add_force_arg, check_cost, load_
 
 MAZE_CSV = ["size", "step", "solved", "pixel_acc", "path_recall", "path_precision"]
 JSON_MARK = b'{\n "run": '  # how horizon.json begins (a file of that name that does not is the user's)
+MAZE_PICTURE = "horizon_maze.png"  # one maze: input, where the stable rule stopped, the last iteration, target
 
 
 def add_parser(sub):
@@ -96,7 +97,7 @@ def _mazes(args, loaded) -> int:
 
     from torch.utils.data import DataLoader
 
-    from ..analysis.mazes import maze_sweep_sizes, stable_rule, plot_solved, summarize_mazes
+    from ..analysis.mazes import draw_maze, example_panels, maze_sweep_sizes, plot_solved, stable_rule, summarize_mazes
     from ..data.mazes import maze_test_sets
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
@@ -122,9 +123,10 @@ def _mazes(args, loaded) -> int:
     batch = 50
     check_cost(model, DataLoader(largest, batch_size=batch), device, K, len(sets) * -(-args.mazes // batch), args)
     outputs = claim_files(out_dir, {"horizon.csv": ",".join(MAZE_CSV[:2]).encode(), "horizon.png": PNG,
-                                      "horizon.json": JSON_MARK})
+                                      "horizon.json": JSON_MARK, MAZE_PICTURE: PNG})
     rule = stable_rule(T, K, args.min_steps, args.patience)
-    sweeps = maze_sweep_sizes(model, sets, device, K, batch_size=batch, **rule)
+    sweeps = maze_sweep_sizes(model, sets, device, K, batch_size=batch, example=True, **rule)
+    examples = {size: sw.pop("example") for size, sw in sweeps.items()}
     rows = summarize_mazes(sweeps, T)
     table = io.StringIO(newline="")
     w = csv.writer(table)
@@ -136,9 +138,16 @@ def _mazes(args, loaded) -> int:
     run_name = (args.run if args.run.is_dir() else args.run.parent).resolve().name
     plot_solved(sweeps, T, out_dir / "horizon.png",
                 title=f"{run_name}: trained at {cfg.data.maze_size}x{cfg.data.maze_size}, T = {T}, swept to {K}")
+    # the picture: the largest size where the stable rule solved a maze (none: the largest size's first maze)
+    size = max((s for s, ex in examples.items() if ex["solved"]), default=max(examples))
+    ex = examples[size]
+    draw_maze(example_panels(ex, K), f"{run_name}: a {size}x{size} test maze (trained at "
+              f"{cfg.data.maze_size}x{cfg.data.maze_size}, T = {T})", outputs[MAZE_PICTURE])
     summary = {"run": str(args.run), "model": cfg.model.name, "trained_steps": T, "max_steps": K,
                "mazes": args.mazes, "stable_rule": rule, "rows": rows, "csv": str(out_dir / "horizon.csv"),
-               "png": str(out_dir / "horizon.png")}
+               "png": str(out_dir / "horizon.png"),
+               "picture": {"png": str(outputs[MAZE_PICTURE]), "size": size, "stable_solved": ex["solved"],
+                           "stable_step": ex["step"], "solved_at_max_steps": ex["solved_last"]}}
     write_text(outputs["horizon.json"], json.dumps(summary, indent=1) + "\n", JSON_MARK, "horizon.json")
     if args.json:
         print_json(summary)
@@ -156,5 +165,10 @@ def _mazes(args, loaded) -> int:
     for r in rows:
         print(f"  {r['size']:>2}x{r['size']:<2}  @T {pct(r['path_recall_T'])} / {pct(r['path_precision_T'])}"
               f"   @10T {pct(r['path_recall_10T'])} / {pct(r['path_precision_10T'])}")
-    print(f"  wrote {summary['csv']}, {summary['png']} and {out_dir / 'horizon.json'}")
+    pic = summary["picture"]
+    print(f"  picture: a {size}x{size} maze, " + (
+        f"solved by the stable rule at iteration {pic['stable_step']}" if pic["stable_solved"] else
+        "the first one (the stable rule solved none at any size)")
+          + f"; at {K} iterations {'solved' if pic['solved_at_max_steps'] else 'not solved'}")
+    print(f"  wrote {summary['csv']}, {summary['png']}, {pic['png']} and {out_dir / 'horizon.json'}")
     return 0

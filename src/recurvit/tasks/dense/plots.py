@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...analysis.mazes import plot_solved
+from ...analysis.mazes import draw_maze, plot_solved
 from ...run.outputs import save_figure
 
 PANELS = ("mazes solved against test-time iterations", "solved_vs_iterations.png")
@@ -62,7 +62,6 @@ def _best_cell(cs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 def maze_picture(cs: List[Dict[str, Any]], out_dir: Path) -> Optional[Tuple[str, str]]:
     """Input, prediction and target of the example maze kept by the first seed (with one) of the best cell."""
     import numpy as np
-    from matplotlib.figure import Figure
 
     c = _best_cell(cs)
     if c is None:
@@ -73,18 +72,11 @@ def maze_picture(cs: List[Dict[str, Any]], out_dir: Path) -> Optional[Tuple[str,
     img = np.array([[[int(px[i:i + 2], 16) for i in (0, 2, 4)] for px in _split(row)] for row in ex["image"]],
                    dtype=np.uint8)
     mask = lambda rows: np.array([[int(v) for v in row] for row in rows], dtype=np.uint8)  # noqa: E731
-    fig = Figure(figsize=(9, 3.3), dpi=110)
     state = "solved" if ex["solved"] else "not solved"
-    for i, (title, im) in enumerate((("input", img), (f"prediction after {ex['iterations']} iterations ({state})",
-                                                      mask(ex["pred"])), ("target path", mask(ex["target"])))):
-        ax = fig.add_subplot(1, 3, i + 1)
-        ax.imshow(im, cmap=None if im.ndim == 3 else "gray", interpolation="nearest")
-        ax.set_title(title, fontsize=8)
-        ax.axis("off")
-    fig.suptitle(f"{c['cell']}, seed {r.get('seed')}: a {ex['size']}x{ex['size']} test maze (trained at T = "
-                 f"{r.get('steps')})", fontsize=9)
-    fig.tight_layout()
-    save_figure(fig, out_dir / PICTURE)
+    draw_maze([("input", img), (f"prediction after {ex['iterations']} iterations ({state})", mask(ex["pred"])),
+               ("target path", mask(ex["target"]))],
+              f"{c['cell']}, seed {r.get('seed')}: a {ex['size']}x{ex['size']} test maze (trained at T = "
+              f"{r.get('steps')})", out_dir / PICTURE)
     return (f"one {ex['size']}x{ex['size']} maze ({c['cell']}, seed {r.get('seed')}): input, prediction, target",
             PICTURE)
 
