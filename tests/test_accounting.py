@@ -28,6 +28,7 @@ def _shape(model: nn.Module) -> tuple:
     ("bvit_tiny", CIFAR, None, "cpu"),
     ("bvit_tiny", CIFAR, 20, "cpu"),  # beyond the trained horizon
     ("bvit_tiny", {}, 2, "cpu"),
+    ("bvit_tiny", {**CIFAR, "mlp_conv": True, "pos_embed": "none"}, 3, "cpu"),  # a Mix-FFN's depthwise conv
     ("vit_tiny", {}, None, "meta"),  # 224/16: shapes only, no arithmetic
     ("bvit_tiny", {}, 12, "meta"),
     ("bvit_small", CIFAR, 3, "meta"),

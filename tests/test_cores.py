@@ -10,8 +10,8 @@ option sets worth checking for the cores here). For each core and option set:
   (``block(z, step=k)``: what step conditioning and per-step adapters read) equal the step the
   call runs in;
 - every core runs on inputs larger than it was built for, with the learned position embedding resampled
-  (``dynamic_img_size``) and with 2D rotary embeddings (``pos_embed="rope"``), and its step states there
-  are those of one pass;
+  (``dynamic_img_size``), with 2D rotary embeddings (``pos_embed="rope"``) and with no position scheme but
+  a Mix-FFN (``pos_embed="none"``, ``mlp_conv=True``), and its step states there are those of one pass;
 - every core answers ``step_program`` (the step a step-program export traces): a StepPlan whose steps,
   chained in eager PyTorch with the step index as a tensor, give the states of one pass, past the
   trained steps where the core runs that far; or NoStepProgram with its reason in one line.
@@ -196,12 +196,15 @@ def test_the_step_program_chained_in_eager_gives_the_states_of_one_pass(name, op
             torch.testing.assert_close(got, want[k - 1], rtol=1e-5, atol=1e-5, msg=f"step {k}")
 
 
-@pytest.mark.parametrize("pos", ["learned", "rope"])
+POSITIONS = {"learned": {}, "rope": {"pos_embed": "rope"}, "mixffn": {"pos_embed": "none", "mlp_conv": True}}
+
+
+@pytest.mark.parametrize("pos", list(POSITIONS))
 @pytest.mark.parametrize("name,opts", CASES, ids=IDS)
 def test_every_core_runs_on_a_larger_input(name, opts, pos):
     base = _model(name, opts)  # the steps its core runs at STEPS blocks
     preset = "bvit_tiny" if CORES[name].shares_blocks else "vit_tiny"
-    kw = dict(core=name, **TINY, dynamic_img_size=True, pos_embed=pos, **opts)
+    kw = dict(core=name, **TINY, dynamic_img_size=True, **POSITIONS[pos], **opts)
     torch.manual_seed(0)
     try:
         model = create_model(preset, steps=STEPS, **kw).eval()

@@ -192,6 +192,7 @@ def test_every_maze_config_builds_its_model_and_the_vit_matches_the_anchor():
     regimes = {name.split("_", 1)[1] for name in params if f"dt_{name.split('_', 1)[1]}" in params}
     assert {"naive", "recall", "recall_prog", "random_depth", "deep_supervision"} <= regimes
     assert params["vit_rope_recall_prog"] == params["vit_recall_prog"] - 144 * 32  # the position ablation: no embedding
+    assert params["vit_mixffn_recall_prog"] == params["vit_rope_recall_prog"] + 128 * 10  # + 3x3 depthwise kernels, biases
     for regime in regimes - {"naive"}:  # recall regimes: equal parameters within 10%
         assert abs(params[f"vit_{regime}"] / params[f"dt_{regime}"] - 1) < 0.1, regime
 

@@ -108,6 +108,41 @@ def test_rope_scores_depend_on_the_tokens_offset_alone_on_any_grid():
         att(torch.randn(1, 15, 16))
 
 
+def test_the_mix_ffn_convolves_the_patch_grid_and_leaves_prefix_tokens_alone():
+    from recurvit.layers.mlp import Mlp
+
+    torch.manual_seed(0)
+    mlp = Mlp(8, 12, conv=True, num_prefix_tokens=1).eval()
+    x = torch.randn(2, 1 + 5 * 5, 8)
+    h = mlp.fc1(x)
+    grid = F.conv2d(h[:, 1:].reshape(2, 5, 5, 12).permute(0, 3, 1, 2), mlp.dwconv.weight, mlp.dwconv.bias,
+                    padding=1, groups=12)  # by hand: the tokens in row-major order on a 5 x 5 grid
+    want = mlp.fc2(F.gelu(torch.cat([h[:, :1], grid.flatten(2).transpose(1, 2)], dim=1)))
+    torch.testing.assert_close(mlp(x), want)
+    far = x.clone()
+    far[:, 1 + 4 * 5 + 4] += 1.0  # the bottom-right token moves: its neighbour changes, a token 2 away does not
+    out, moved = mlp(x), mlp(far)
+    assert not torch.allclose(out[:, 1 + 3 * 5 + 3], moved[:, 1 + 3 * 5 + 3])
+    torch.testing.assert_close(out[:, 1 + 2 * 5 + 2], moved[:, 1 + 2 * 5 + 2])
+    torch.testing.assert_close(out[:, 0], moved[:, 0])  # the class token: fc1, fc2 of itself only
+    with pytest.raises(ValueError, match="square grid"):
+        mlp(torch.randn(1, 1 + 15, 8))
+
+
+def test_a_mix_ffn_model_without_position_scheme_runs_and_learns_at_a_larger_size():
+    m, learned = _dense(pos_embed="none", mlp_conv=True), _dense()
+    assert m.pos_embed is None and m.blocks[0].mlp.dwconv.weight.shape == (4 * 48, 1, 3, 3)
+    extra = sum(p.numel() for p in m.parameters()) - sum(p.numel() for p in learned.parameters())
+    assert extra == 4 * 48 * 10 - (1 + 144) * 48  # the depthwise kernels and biases in; the embedding (class token, 12 x 12) out
+    with torch.no_grad():
+        out = m.forward_steps(_x(72), steps=4)
+        assert out.shape == (4, 2, 2, 72, 72) and torch.isfinite(out).all()
+        torch.testing.assert_close(out[2], m(_x(72)))
+    m.train()
+    F.cross_entropy(m(_x(40)), torch.randint(0, 2, (2, 40, 40))).backward()
+    assert m.blocks[0].mlp.dwconv.weight.grad.abs().sum() > 0
+
+
 def test_a_rope_model_has_no_absolute_embedding_and_runs_and_learns_at_a_larger_size():
     m = _dense(pos_embed="rope")  # no dynamic_img_size needed: nothing is stored per position
     learned = _dense()
@@ -120,7 +155,7 @@ def test_a_rope_model_has_no_absolute_embedding_and_runs_and_learns_at_a_larger_
     m.train()
     F.cross_entropy(m(_x(40)), torch.randint(0, 2, (2, 40, 40))).backward()
     assert m.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="pos_embed must be one of learned, rope"):
+    with pytest.raises(ValueError, match="pos_embed must be one of learned, rope, none"):
         _dense(pos_embed="sincos")
     with pytest.raises(ValueError, match="divisible by 4"):
         _dense(pos_embed="rope", embed_dim=36, num_heads=6)  # a head dim of 6

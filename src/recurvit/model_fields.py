@@ -37,7 +37,10 @@ class ViTFields:
     # resampled to the input's patch grid as timm's dynamic_img_size does (bicubic, timm's resample_abs_pos_embed)
     pos_embed: str = "learned"  # learned: an absolute embedding added to the patch tokens (timm's); rope: no
     # absolute embedding, a 2D rotary embedding of the integer patch coordinates on q and k in every attention
-    # (timm's RotaryEmbeddingCat, as EVA): attention scores depend on relative offsets only, the same on any grid
+    # (timm's RotaryEmbeddingCat, as EVA): attention scores depend on relative offsets only, the same on any grid;
+    # none: no position information but what the tokens carry (with mlp_conv: the convolution's zero padding)
+    mlp_conv: bool = False  # SegFormer's Mix-FFN: a 3x3 depthwise convolution over the patch grid between the
+    # MLP's fc1 and its activation (local mixing, the same on any grid; not timm's layout)
 
 
 @dataclass

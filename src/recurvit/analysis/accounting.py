@@ -221,7 +221,8 @@ def analytic_flops(cfg: ViTConfig, steps: Optional[int] = None, applications: Op
 
     With D = embed_dim, N patches, T = N (+1 with a class token), M = int(mlp_ratio * D):
     patch embedding 2 N D C p^2; per block application qkv 2 T D 3D, attention scores and
-    weighted sum 2 * 2 T^2 D (summed over heads), output projection 2 T D^2, MLP 2 * 2 T D M;
+    weighted sum 2 * 2 T^2 D (summed over heads), output projection 2 T D^2, MLP 2 * 2 T D M (with
+    ``mlp_conv``, its 3x3 depthwise convolution 2 N M 9 more);
     the head 2 D classes (on the pooled token only; a dense head: 2 D classes p^2 on each of the N
     patch tokens). ``applications`` is the number of block evaluations (default: what the core
     reports for ``steps``). Step conditioning and re-injection add no matmul; the core's own matmuls
@@ -235,7 +236,7 @@ def analytic_flops(cfg: ViTConfig, steps: Optional[int] = None, applications: Op
     qkv = 2 * T * D * 3 * D
     attention = 2 * 2 * T * T * D
     proj = 2 * T * D * D
-    mlp = 2 * 2 * T * D * M
+    mlp = 2 * 2 * T * D * M + (2 * N * M * 9 if cfg.mlp_conv else 0)
     head = 2 * D * cfg.num_classes * (N * cfg.patch_size ** 2 if cfg.dense else 1)  # dense: every token, p*p pixels
     return patch + n_apps * (qkv + attention + proj + mlp) + head + (cfg.core_cls.own_flops(cfg, steps) or 0)
 

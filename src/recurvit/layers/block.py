@@ -15,7 +15,7 @@ from .mlp import Mlp
 class Block(nn.Module):
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
                  init_values: Optional[float] = None, drop_path: float = 0.0, proj_drop: float = 0.0,
-                 attn_drop: float = 0.0, rope: bool = False, num_prefix_tokens: int = 0):
+                 attn_drop: float = 0.0, rope: bool = False, num_prefix_tokens: int = 0, mlp_conv: bool = False):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop,
@@ -23,7 +23,7 @@ class Block(nn.Module):
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, conv=mlp_conv, num_prefix_tokens=num_prefix_tokens)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 

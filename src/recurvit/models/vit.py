@@ -10,7 +10,9 @@ each token's head giving its p x p pixels (a dense task such as the mazes of dat
 learned position embedding is resampled to the input's patch grid by timm's ``resample_abs_pos_embed``
 (at the built size nothing is resampled: the model is the one it was). ``pos_embed="rope"`` has no absolute
 embedding: every attention rotates q and k by the tokens' integer grid coordinates (layers/attention.py), so
-the block sees the same relative geometry on a larger grid (no ``pos_embed`` parameter; not timm's layout).
+the block sees the same relative geometry on a larger grid (no ``pos_embed`` parameter; not timm's layout);
+``pos_embed="none"`` has no position scheme at all, for ``mlp_conv=True`` (SegFormer's Mix-FFN: a 3x3
+depthwise convolution in every MLP, layers/mlp.py), whose zero-padded border is the only absolute position.
 
 Every core also answers timm's model contract (``forward_intermediates``, ``reset_classifier``,
 ``group_matcher``, ... in timm_contract.py, where an intermediate is the state after a STEP), and
@@ -33,7 +35,7 @@ from .registry import WIDTHS, register
 from .stepping import Stepping
 from .timm_contract import POOLS, TimmContract
 
-POS_EMBEDS = ("learned", "rope")  # ViTFields.pos_embed
+POS_EMBEDS = ("learned", "rope", "none")  # ViTFields.pos_embed
 
 
 @dataclass
@@ -98,13 +100,13 @@ class VisionTransformer(Stepping, TimmContract, nn.Module):
         if cfg.pos_embed not in POS_EMBEDS:
             raise ValueError(f"pos_embed must be one of {', '.join(POS_EMBEDS)}, got '{cfg.pos_embed}'")
         rope = cfg.pos_embed == "rope"
-        self.pos_embed = (None if rope else
+        self.pos_embed = (None if cfg.pos_embed != "learned" else
                           nn.Parameter(torch.randn(1, cfg.num_patches + self.num_prefix_tokens, D) * 0.02))
         # recurrence shares one drop-path rate; a stack ramps it linearly as timm does
         dpr = [cfg.drop_path * i / (cfg.depth - 1) for i in range(cfg.depth)] if cfg.depth > 1 else [cfg.drop_path]
         self.blocks = nn.ModuleList([
             Block(D, cfg.num_heads, cfg.mlp_ratio, cfg.qkv_bias, cfg.init_values, dpr[i], rope=rope,
-                  num_prefix_tokens=self.num_prefix_tokens) for i in range(cfg.depth)
+                  num_prefix_tokens=self.num_prefix_tokens, mlp_conv=cfg.mlp_conv) for i in range(cfg.depth)
         ])
         self.core = cfg.core_cls(cfg)
         use_fc_norm = cfg.global_pool == "avg"
@@ -155,7 +157,7 @@ class VisionTransformer(Stepping, TimmContract, nn.Module):
         x = self.patch_embed(x)  # (B, N, D)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
-        if self.pos_embed is None:  # rope: positions enter in every attention
+        if self.pos_embed is None:  # rope: positions enter in every attention; none: only through the tokens
             return x
         return x + self.pos_embed_for(grid)
 
