@@ -129,6 +129,16 @@ def test_the_mix_ffn_convolves_the_patch_grid_and_leaves_prefix_tokens_alone():
         mlp(torch.randn(1, 1 + 15, 8))
 
 
+@pytest.mark.parametrize("kw", [dict(mlp_conv=True, pos_embed="none"), dict(pos_embed="rope"), dict()],
+                         ids=["mix-ffn", "rope", "dense"])
+def test_a_non_square_grid_is_refused_where_tokens_are_read_as_a_square(kw):
+    m = _dense(dynamic_img_size=True, **kw)  # 16 x 64 px: 8 x 32 patches, 256 tokens, a square count
+    with pytest.raises(ValueError, match="reads a square grid of patches; got 8 x 32"):
+        m(torch.rand(1, 3, 16, 64))
+    flat = create_model("bvit_tiny", **{**MAZE, "steps": 2, "dynamic_img_size": True}).eval()
+    assert flat(torch.rand(1, 3, 16, 64)).shape == (1, 2)  # a classifier with a learned embedding: any grid
+
+
 def test_a_mix_ffn_model_without_position_scheme_runs_and_learns_at_a_larger_size():
     m, learned = _dense(pos_embed="none", mlp_conv=True), _dense()
     assert m.pos_embed is None and m.blocks[0].mlp.dwconv.weight.shape == (4 * 48, 1, 3, 3)

@@ -46,6 +46,26 @@ def test_horizon_sweeps_a_maze_run_like_the_library(run, tmp_path, capsys):
     assert pic["size"] == max(solved, default=13) and pic["stable_solved"] == bool(solved)
 
 
+def test_the_picture_is_of_the_largest_size_where_the_stable_rule_solved_a_maze(run, tmp_path, capsys, monkeypatch):
+    import recurvit.analysis.mazes as mazes
+
+    real = mazes.maze_sweep_sizes
+
+    def solved_at_9_only(*a, **k):  # as if the rule had solved a 9x9 maze and no 13x13 one
+        sweeps = real(*a, **k)
+        for size, sw in sweeps.items():
+            sw["example"]["solved"] = size == 9
+        return sweeps
+
+    monkeypatch.setattr(mazes, "maze_sweep_sizes", solved_at_9_only)
+    capsys.readouterr()
+    assert main(["horizon", str(run), "--steps", "3", "--sizes", "9", "13", "--mazes", "2", "--out",
+                 str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "picture: a 9x9 maze, solved by the stable rule" in out
+    assert json.loads((tmp_path / "horizon.json").read_text())["picture"]["size"] == 9
+
+
 def test_the_stable_rule_can_be_set_and_is_reported(run, tmp_path, capsys):
     capsys.readouterr()
     assert main(["horizon", str(run), "--steps", "4", "--sizes", "9", "--mazes", "2", "--min-steps", "1",

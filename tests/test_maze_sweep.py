@@ -48,33 +48,57 @@ def test_the_rules_on_a_known_sequence():
     assert maze_sweep(Scripted(logits), data, torch.device("cpu"), 4, patience=2)["stable"]["steps"] == [4, 4]
 
 
+class Batches(Scripted):
+    """A scripted model whose n-th batch reads out logits[n] (each (K, B, C, H, W)), for several batches."""
+
+    def __init__(self, *logits):
+        super().__init__(None)
+        self.all, self.batch = logits, -1
+
+    def iter_states(self, x, steps):
+        self.batch += 1
+        self.logits = self.all[self.batch]
+        return iter(range(steps))
+
+
+def _batch(n, value):
+    """n maze images of one value each (value, value + 0.1, ...) and an all-path target."""
+    x = torch.stack([torch.full((3, 1, 2), value + 0.1 * i) for i in range(n)])
+    return x, torch.ones(n, 1, 2, dtype=torch.long)
+
+
 def test_the_example_is_the_first_maze_the_stable_rule_solves_with_its_masks():
-    # batch 1: image 0 predicts 0, 1, 0, 0 (its mask never stable from 2: read at K, not solved); image 1
-    # predicts 0 throughout (stops at 2 on its empty mask). Batch 2: image 0 predicts 0, 1, 1, 0 (stops at 3,
-    # solved; at K it has erased the path: overthinking), image 1 predicts 1 throughout (solved, stops at 2)
-    one = _seq([[0, 0], [1, 0], [0, 0], [0, 0]], [[1, 1]] * 4)
-    two = _seq([[0, 1], [1, 1], [1, 1], [0, 1]], [[1, 1]] * 4)
-    x, y = torch.full((2, 3, 1, 2), 0.5), torch.ones(2, 1, 2, dtype=torch.long)
-
-    class TwoBatches(Scripted):
-        def __init__(self):
-            super().__init__(None)
-            self.batch = -1
-
-        def iter_states(self, x, steps):
-            self.batch += 1
-            self.logits = (one, two)[self.batch]
-            return iter(range(steps))
-
-    sw = maze_sweep(TwoBatches(), [(x, y), (x, y)], torch.device("cpu"), max_steps=4, min_steps=2, example=True)
+    # (min_steps 2, patience 1) batch 1: image 0 predicts 1, 0, 1, 0 (never stable: read at K, not solved),
+    # image 1 predicts 0 throughout (stops at 2 on its empty mask). Batch 2: image 0 predicts 0, 0, 1, 1 (stops
+    # at 2, not solved), image 1 predicts 0, 1, 1, 0 (stops at 3, solved; at K it has erased the path). Batch 3:
+    # image 0 predicts 1 throughout (solved, stops at 2): a later solved maze, not the first
+    seqs = (_seq([[1, 0], [0, 0], [1, 0], [0, 0]], [[1, 1]] * 4), _seq([[0, 0], [0, 1], [1, 1], [1, 0]], [[1, 1]] * 4),
+            _seq([[1], [1], [1], [1]], [[1]] * 4))
+    data = [_batch(2, 0.1), _batch(2, 0.3), _batch(1, 0.5)]
+    sw = maze_sweep(Batches(*seqs), data, torch.device("cpu"), max_steps=4, min_steps=2, example=True)
     ex = sw["example"]
-    assert sw["stable"]["steps"] == [4, 2, 3, 2]  # (min_steps 2, patience 1)
-    assert ex["solved"] and ex["step"] == 3 and not ex["solved_last"]  # batch 2's image 0, the first solved
+    assert sw["stable"]["steps"] == [4, 2, 2, 3, 2]
+    assert ex["solved"] and ex["stopped"] and ex["step"] == 3 and not ex["solved_last"]  # batch 2's image 1
     assert ex["stop"].tolist() == [[1, 1]] and ex["last"].tolist() == [[0, 0]] and ex["target"].tolist() == [[1, 1]]
-    assert ex["image"].shape == (3, 1, 2) and ex["image"].dtype == torch.uint8 and int(ex["image"][0, 0, 0]) == 128
-    none = maze_sweep(Scripted(one), [(x, y)], torch.device("cpu"), max_steps=4, min_steps=2, example=True)["example"]
-    assert not none["solved"] and none["step"] == 4 and none["stop"].tolist() == [[0, 0]]  # the first maze, read at K
-    assert "example" not in maze_sweep(Scripted(one), [(x, y)], torch.device("cpu"), max_steps=4)
+    assert ex["image"].shape == (3, 1, 2) and ex["image"].dtype == torch.uint8
+    assert int(ex["image"][0, 0, 0]) == round(0.4 * 255)
+    assert "example" not in maze_sweep(Batches(*seqs), data, torch.device("cpu"), max_steps=4)
+
+
+def test_with_none_solved_the_example_is_the_first_maze_read_where_the_rule_read_it():
+    # image 0 predicts 0, 1, 0: never stable (from 2, patience 1), read at K = 3, not solved; image 1 stops at 2
+    seq = _seq([[0, 0], [1, 0], [0, 0]], [[1, 1]] * 3)
+    ex = maze_sweep(Batches(seq), [_batch(2, 0.1)], torch.device("cpu"), max_steps=3, min_steps=2,
+                    example=True)["example"]
+    assert not ex["solved"] and not ex["stopped"] and ex["step"] == 3
+    assert ex["stop"].tolist() == [[0, 0]] == ex["last"].tolist()  # its mask at K, not at the first stop in the batch
+    assert int(ex["image"][0, 0, 0]) == round(0.1 * 255)
+    later = maze_sweep(Batches(seq, seq), [_batch(2, 0.1), _batch(2, 0.5)], torch.device("cpu"), max_steps=3,
+                       min_steps=2, example=True)["example"]
+    assert int(later["image"][0, 0, 0]) == round(0.1 * 255)  # a second batch with none solved keeps the first maze
+    one = maze_sweep(Batches(_seq([[0]], [[1]])), [_batch(1, 0.1)], torch.device("cpu"), max_steps=1,
+                     example=True)["example"]  # K = 1: nothing can stop; read at 1
+    assert one["step"] == 1 and not one["stopped"] and one["stop"].tolist() == [[0, 0]]
 
 
 def test_one_pass_gives_every_iteration_at_every_size(tmp_path):

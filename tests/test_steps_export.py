@@ -410,13 +410,14 @@ def test_a_model_with_per_step_adapters_is_refused_and_one_shared_adapter_is_not
     torch.testing.assert_close(StepProgram(tmp_path / "lora")(images()), shared(images()), rtol=1e-4, atol=1e-5)
 
 
-def test_pt2e_int8_runs_any_batch_and_agrees_with_fp32():
+@pytest.mark.parametrize("mix", [{}, {"mlp_conv": True, "pos_embed": "none"}], ids=["mlp", "mix-ffn"])
+def test_pt2e_int8_runs_any_batch_and_agrees_with_fp32(mix):
     pytest.importorskip("torchao")
     from recurvit.export.int8 import quantize_pt2e
 
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # mix-ffn: the shared block's depthwise conv runs at every step (one partition each)
     model = recurvit.create_model("bvit_tiny", img_size=16, patch_size=4, in_chans=3, num_classes=5, embed_dim=32,
-                         num_heads=2, steps=3).eval()
+                         num_heads=2, steps=3, **mix).eval()
     calib = torch.rand(65, 3, 16, 16)  # batches of 32, 32 and 1: the lone image joins the batch before it
     q = quantize_pt2e(model, calib, batch_size=32)
     with torch.no_grad():

@@ -57,7 +57,8 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
     also ``kept``, the first ``keep`` images of the first batch (uint8 (n, 3, H, W) in 0..255 as the loader
     gives them in [0, 1]), their targets and predicted masks at K (uint8 (n, H, W)), for a picture.
     ``example``: also ``example``, the first maze the stable rule solves (else the first maze): its image,
-    target, the mask where the rule stopped (``stop``, at iteration ``step``) and the mask at K (``last``)."""
+    target, the mask where the rule stopped (``stop``, at iteration ``step``; ``stopped`` False: never stable,
+    read at K) and the mask at K (``last``)."""
     model.eval()
     K = int(max_steps)
     if K < 1 or min_steps < 1 or patience < 1:
@@ -116,7 +117,8 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
                 rules["example"] = {"image": (x[i].clamp(0, 1) * 255).round().to(torch.uint8).cpu(),
                                     "target": y[i].to(torch.uint8).cpu(), "stop": stop_pred[i].to(torch.uint8).cpu(),
                                     "last": pred[i].to(torch.uint8).cpu(), "step": int(stop_step[i]),
-                                    "solved": bool(stop_solved[i]), "solved_last": bool(solved[i])}
+                                    "stopped": bool(stopped[i]), "solved": bool(stop_solved[i]),
+                                    "solved_last": bool(solved[i])}
         rules["max_conf"]["solved"] += int(best_solved.sum())
         rules["max_conf"]["steps"] += best_step.tolist()
         rules["stable"]["solved"] += int(stop_solved.sum())
@@ -261,7 +263,8 @@ def example_panels(ex: Mapping[str, object], max_steps: int) -> List[Tuple[str, 
     stopped, the mask at K, target."""
     state = lambda ok: "solved" if ok else "not solved"  # noqa: E731
     return [("input", ex["image"].permute(1, 2, 0)),
-            (f"stable rule: stopped at {ex['step']} ({state(ex['solved'])})", ex["stop"]),
+            (f"stable rule: {'stopped at' if ex['stopped'] else 'never stable, read at'} {ex['step']} "
+             f"({state(ex['solved'])})", ex["stop"]),
             (f"at {max_steps} iterations ({state(ex['solved_last'])})", ex["last"]),
             ("target path", ex["target"])]
 

@@ -147,7 +147,8 @@ def _mazes(args, loaded) -> int:
                "mazes": args.mazes, "stable_rule": rule, "rows": rows, "csv": str(out_dir / "horizon.csv"),
                "png": str(out_dir / "horizon.png"),
                "picture": {"png": str(outputs[MAZE_PICTURE]), "size": size, "stable_solved": ex["solved"],
-                           "stable_step": ex["step"], "solved_at_max_steps": ex["solved_last"]}}
+                           "stable_step": ex["step"], "stable_stopped": ex["stopped"],
+                           "solved_at_max_steps": ex["solved_last"]}}
     write_text(outputs["horizon.json"], json.dumps(summary, indent=1) + "\n", JSON_MARK, "horizon.json")
     if args.json:
         print_json(summary)
@@ -166,9 +167,12 @@ def _mazes(args, loaded) -> int:
         print(f"  {r['size']:>2}x{r['size']:<2}  @T {pct(r['path_recall_T'])} / {pct(r['path_precision_T'])}"
               f"   @10T {pct(r['path_recall_10T'])} / {pct(r['path_precision_10T'])}")
     pic = summary["picture"]
-    print(f"  picture: a {size}x{size} maze, " + (
-        f"solved by the stable rule at iteration {pic['stable_step']}" if pic["stable_solved"] else
-        "the first one (the stable rule solved none at any size)")
-          + f"; at {K} iterations {'solved' if pic['solved_at_max_steps'] else 'not solved'}")
+    if pic["stable_solved"]:
+        how = f"solved by the stable rule at iteration {pic['stable_step']}"
+        how += "" if pic["stable_stopped"] else " (never stable: read there)"
+    else:
+        how = "the first one (the stable rule solved none at any size)"
+    print(f"  picture: a {size}x{size} maze, {how}; at {K} iterations "
+          f"{'solved' if pic['solved_at_max_steps'] else 'not solved'}")
     print(f"  wrote {summary['csv']}, {summary['png']}, {pic['png']} and {out_dir / 'horizon.json'}")
     return 0

@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .lora import linear
 
@@ -29,7 +30,10 @@ class Mlp(nn.Module):
         g = math.isqrt(N - p)
         if g * g != N - p:
             raise ValueError(f"mlp_conv reads the patch tokens as a square grid; got {N - p} tokens")
-        grid = self.dwconv(h[:, p:].transpose(1, 2).reshape(B, M, g, g)).flatten(2).transpose(1, 2)
+        # functional, not the module's call: a recurrent core calls one block many times, and int8 PT2E
+        # quantization (export/int8.py) cannot partition a conv module called more than once
+        grid = F.conv2d(h[:, p:].transpose(1, 2).reshape(B, M, g, g), self.dwconv.weight, self.dwconv.bias,
+                        padding=1, groups=M).flatten(2).transpose(1, 2)
         return torch.cat([h[:, :p], grid], dim=1) if p else grid
 
     def forward(self, x, step: Optional[int] = None):

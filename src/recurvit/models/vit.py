@@ -154,6 +154,11 @@ class VisionTransformer(Stepping, TimmContract, nn.Module):
     # --------------------------------------------------------------- forward
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         grid = (x.shape[-2] // self.cfg.patch_size, x.shape[-1] // self.cfg.patch_size)
+        if grid[0] != grid[1] and (self.cfg.pos_embed == "rope" or self.cfg.mlp_conv or self.cfg.dense):
+            # they read the tokens as a square grid: a non-square one of a square count would be misread silently
+            raise ValueError(f"a {'rope' if self.cfg.pos_embed == 'rope' else 'mlp_conv' if self.cfg.mlp_conv else 'dense'}"
+                             f" model reads a square grid of patches; got {grid[0]} x {grid[1]} "
+                             f"(input {x.shape[-2]} x {x.shape[-1]})")
         x = self.patch_embed(x)  # (B, N, D)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, D)
