@@ -130,6 +130,17 @@ def test_params_partner_is_what_create_model_builds():
     assert measure_flops(partner, (3, 32, 32), train=False)["flops_forward"] == r["partner"]["flops_forward"]
 
 
+@pytest.mark.parametrize("block", [{"mlp_conv": True, "pos_embed": "none"}, {"pos_embed": "rope"}],
+                         ids=["mix-ffn", "rope"])
+def test_a_partner_has_the_same_kind_of_block(block):
+    for by in ("flops", "params"):
+        r = match("bvit_tiny", by=by, **CIFAR, **block)
+        assert r["partner"]["overrides"].items() >= block.items(), by
+        partner = create_model(r["partner"]["name"], **r["partner"]["overrides"])
+        assert count_params(partner)["params_stored"] == r["partner"]["params_stored"]
+    assert match("bvit_tiny", by="flops", **CIFAR, **block)["flops_ratio"] == 1.0  # the same block, T times
+
+
 def test_reverse_partners_from_a_stack():
     r = match("vit_tiny", by="both", **CIFAR)
     flops, params = r["flops"], r["params"]

@@ -41,9 +41,11 @@ from ..models.vit import ViTConfig
 from .accounting import analytic_flops, count_params, measure_flops
 
 HEAD_DIM = 64  # head width of every preset (192/3, 384/6, 768/12); partners keep it
-# config keys a partner inherits from the model it is matched to (data, readout, regularisation)
+# config keys a partner inherits from the model it is matched to (data, readout, regularisation, and the
+# block's position scheme and MLP: a partner differs in sharing and width, not in what its block is)
 SHARED_KEYS = ("img_size", "patch_size", "in_chans", "num_classes", "mlp_ratio", "qkv_bias", "class_token",
-               "global_pool", "init_values", "drop_rate", "drop_path")
+               "global_pool", "init_values", "drop_rate", "drop_path", "dense", "dynamic_img_size", "pos_embed",
+               "mlp_conv")
 _MAX_WIDTH = 16384  # search bound on embed_dim
 _MAX_CANDIDATES = 10  # alternatives listed with a params match
 
