@@ -139,18 +139,23 @@ def test_a_non_square_grid_is_refused_where_tokens_are_read_as_a_square(kw):
     assert flat(torch.rand(1, 3, 16, 64)).shape == (1, 2)  # a classifier with a learned embedding: any grid
 
 
-def test_a_mix_ffn_model_without_position_scheme_runs_and_learns_at_a_larger_size():
-    m, learned = _dense(pos_embed="none", mlp_conv=True), _dense()
-    assert m.pos_embed is None and m.blocks[0].mlp.dwconv.weight.shape == (4 * 48, 1, 3, 3)
-    extra = sum(p.numel() for p in m.parameters()) - sum(p.numel() for p in learned.parameters())
-    assert extra == 4 * 48 * 10 - (1 + 144) * 48  # the depthwise kernels and biases in; the embedding (class token, 12 x 12) out
+def _runs_and_learns_larger(m, weight):
+    """``m`` (built at 24 px) steps on a 72 px maze as one pass does, and a 40 px batch's loss reaches ``weight()``."""
     with torch.no_grad():
         out = m.forward_steps(_x(72), steps=4)
         assert out.shape == (4, 2, 2, 72, 72) and torch.isfinite(out).all()
         torch.testing.assert_close(out[2], m(_x(72)))
     m.train()
     F.cross_entropy(m(_x(40)), torch.randint(0, 2, (2, 40, 40))).backward()
-    assert m.blocks[0].mlp.dwconv.weight.grad.abs().sum() > 0
+    assert weight().grad.abs().sum() > 0
+
+
+def test_a_mix_ffn_model_without_position_scheme_runs_and_learns_at_a_larger_size():
+    m, learned = _dense(pos_embed="none", mlp_conv=True), _dense()
+    assert m.pos_embed is None and m.blocks[0].mlp.dwconv.weight.shape == (4 * 48, 1, 3, 3)
+    extra = sum(p.numel() for p in m.parameters()) - sum(p.numel() for p in learned.parameters())
+    assert extra == 4 * 48 * 10 - (1 + 144) * 48  # the depthwise kernels and biases in; the embedding (class token, 12 x 12) out
+    _runs_and_learns_larger(m, lambda: m.blocks[0].mlp.dwconv.weight)
 
 
 def test_a_rope_model_has_no_absolute_embedding_and_runs_and_learns_at_a_larger_size():
@@ -158,13 +163,7 @@ def test_a_rope_model_has_no_absolute_embedding_and_runs_and_learns_at_a_larger_
     learned = _dense()
     assert m.pos_embed is None and "pos_embed" not in m.state_dict()
     assert set(learned.state_dict()) - set(m.state_dict()) == {"pos_embed"}
-    with torch.no_grad():
-        out = m.forward_steps(_x(72), steps=4)
-        assert out.shape == (4, 2, 2, 72, 72) and torch.isfinite(out).all()
-        torch.testing.assert_close(out[2], m(_x(72)))
-    m.train()
-    F.cross_entropy(m(_x(40)), torch.randint(0, 2, (2, 40, 40))).backward()
-    assert m.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+    _runs_and_learns_larger(m, lambda: m.blocks[0].attn.qkv.weight)
     with pytest.raises(ValueError, match="pos_embed must be one of learned, rope, none"):
         _dense(pos_embed="sincos")
     with pytest.raises(ValueError, match="divisible by 4"):
