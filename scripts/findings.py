@@ -112,7 +112,7 @@ def main(argv: Sequence[str] = ()) -> int:
         lines = collect(args.root)
         pages = {args.results / "findings.md": render(args.root, extra=survival(args.results), lines=lines),
                  args.results / "findings_summary.md": summary_page(args.root, lines),
-                 args.results / "findings_headline.md": headline(lines)}
+                 args.results / "findings_headline.md": headline(lines, args.root)}
     except UserError as e:  # a renamed label, a missing test: one line, exit code 2
         print(f"error: {e}", file=sys.stderr)
         return 2

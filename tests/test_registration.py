@@ -70,6 +70,34 @@ def test_a_registered_cell_filling_up_to_its_n_is_not_a_top_up(tmp_path):
     (line,) = collect(root)
     assert line.evidence.status == "confirmatory" and line.came == "before", line.came
     assert headline([line]).endswith(f"- w: **reproduced**. {line.figure}\n")
+    assert "`tiny`" in headline([line]) and "[tiny](results/tiny/report.md)" not in headline([line], root)
+    (root / "results" / "tiny" / "report.md").write_text("# the report\n")
+    assert "[tiny](results/tiny/report.md)" in headline([line], root)  # linked once the report exists
+
+
+def test_each_registered_study_has_its_own_paragraph_data_and_status(tmp_path):
+    from dataclasses import replace
+
+    root = registered(tmp_path)
+    commit(root, "register")
+    write_csv(root / "results" / "tiny", RESULTS)
+    commit(root, "every registered run")
+    (line,) = collect(root)
+    other = replace(line, study="later", verdict="pending",
+                    claim=replace(line.claim, words="v", spec={**line.claim.spec, "data": "mazes"}),
+                    evidence=replace(line.evidence, status="registered, pending", why="0 of 6 runs in"))
+    text = headline([line, other], root)
+    first, second = text.split("\n\n**Pre-registered replication**")
+    assert "- w: **reproduced**" in first and "pending" not in first and "0 of 6" not in first
+    assert second.startswith(" (mazes): `later`, registered, pending (0 of 6 runs in).") and "- v: pending" in second
+
+
+def test_a_registered_studys_data_is_what_most_of_its_claims_say_else_their_common_start():
+    from recurvit.study.findings_md import _shared_data
+
+    assert _shared_data(["F, 60 epochs", "F, 60 epochs", "F, 3 / 60 epochs"]) == "F, 60 epochs"
+    assert _shared_data(["mazes, trained at 9x9", "mazes, trained at 9x9, tested at 39x39", "mazes, tested"]) == "mazes"
+    assert _shared_data(["digits", "mazes"]) == ""
 
 
 def test_the_summary_puts_each_registered_row_beside_the_exploratory_rows_of_its_claim(tmp_path):

@@ -3,8 +3,9 @@ by claim, the confirmatory section (pre-registered studies), then the explorator
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import rules
 from .findings import Line, collect, rule_text
@@ -155,21 +156,43 @@ def beside(lines: Sequence[Line]) -> List[str]:
     return out
 
 
-def headline(lines: Sequence[Line]) -> str:
-    """results/findings_headline.md, the README's headline: what the pre-registered replications say, one line
-    a registered claim (its verdict while every registered run is in, "pending" before)."""
+def _shared_data(data: Sequence[str]) -> str:
+    """What a study's claims say of their data: the description most of them give, else the comma-separated
+    parts all of them begin with ("mazes" of "mazes, trained at 9x9, tested at 39x39" and the like)."""
+    top, n = Counter(data).most_common(1)[0]
+    if 2 * n > len(data):
+        return top
+    parts = [[p.strip() for p in d.split(",")] for d in data]
+    common = []
+    for column in zip(*parts):
+        if len(set(column)) > 1:
+            break
+        common.append(column[0])
+    return ", ".join(common)
+
+
+def headline(lines: Sequence[Line], root: Optional[Path] = None) -> str:
+    """results/findings_headline.md, the README's headline: what the pre-registered replications say, a
+    paragraph a registered study (its data where its claims share them, its report where ``root`` holds one,
+    its status), then one line a registered claim (its verdict while every registered run is in, "pending"
+    before)."""
     registered = [ln for ln in lines if ln.evidence.status in (CONFIRMATORY, PENDING)]
     if not registered:
         return "No pre-registered study yet: every finding below is exploratory.\n"
-    studies = sorted({ln.study for ln in registered})
-    where = ", ".join(f"[{s}](results/{s}/report.md)" for s in studies)
-    status = "; ".join(sorted({ln.evidence.text for ln in registered}))
-    data = registered[0].claim.data
-    out = [f"**Pre-registered replication**{f' ({data})' if data else ''}: {where}, {status}. Its claims, each "
-           "with its rule committed before any run:", ""]
-    # a pending row's figure is of the runs in so far: the headline waits for the registered n
-    out += [f"- {ln.claim.words}: **{ln.verdict}**. {ln.figure}" if ln.evidence.status == CONFIRMATORY
-            else f"- {ln.claim.words}: pending" for ln in registered]
+    out: List[str] = []
+    for study in dict.fromkeys(ln.study for ln in registered):  # in the table's order
+        mine = [ln for ln in registered if ln.study == study]
+        data = _shared_data([ln.claim.data for ln in mine])
+        where = (f"[{study}](results/{study}/report.md)" if root is not None
+                 and (root / "results" / study / "report.md").is_file() else f"`{study}`")
+        status = "; ".join(sorted({ln.evidence.text for ln in mine}))
+        if out:
+            out.append("")
+        out += [f"**Pre-registered replication**{f' ({data})' if data else ''}: {where}, {status}. "
+                "Its claims, each with its rule committed before any run:", ""]
+        # a pending row's figure is of the runs in so far: the headline waits for the registered n
+        out += [f"- {ln.claim.words}: **{ln.verdict}**. {ln.figure}" if ln.evidence.status == CONFIRMATORY
+                else f"- {ln.claim.words}: pending" for ln in mine]
     return "\n".join(out) + "\n"
 
 
