@@ -66,6 +66,15 @@ def test_the_picture_is_of_the_largest_size_where_the_stable_rule_solved_a_maze(
     assert json.loads((tmp_path / "horizon.json").read_text())["picture"]["size"] == 9
 
 
+def test_the_librarys_sweep_writes_its_json_and_returns_the_example(run, tmp_path):
+    from recurvit.analysis.mazes import sweep_run
+
+    got = sweep_run(run, max_steps=3, sizes=[9], n=2, out=tmp_path, example=True, keep=1)
+    assert got["sweeps"][9]["example"]["image"].shape == (3, 24, 24) and len(got["sweeps"][9]["kept"]["pred"]) == 1
+    written = json.loads((tmp_path / "sweeps.json").read_text())["sweeps"]["9"]
+    assert "example" not in written and "kept" not in written and written["solved"] == got["sweeps"][9]["solved"]
+
+
 def test_the_stable_rule_can_be_set_and_is_reported(run, tmp_path, capsys):
     capsys.readouterr()
     assert main(["horizon", str(run), "--steps", "4", "--sizes", "9", "--mazes", "2", "--min-steps", "1",

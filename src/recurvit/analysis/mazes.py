@@ -181,7 +181,9 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
     sweeps = maze_sweep_sizes(model, maze_test_sets(data), dev, K, batch_size, **rule_options)
     result = {"trained_steps": T, "sweeps": sweeps, "rows": summarize_mazes(sweeps, T)}
     if out is not None:
-        write_text(out / "sweeps.json", json.dumps(result), SWEEPS_MARK, "sweeps.json")
+        images = ("kept", "example")  # tensors of a picture (keep=, example=): returned, not written as JSON
+        plain = {**result, "sweeps": {s: {k: v for k, v in sw.items() if k not in images} for s, sw in sweeps.items()}}
+        write_text(out / "sweeps.json", json.dumps(plain), SWEEPS_MARK, "sweeps.json")
         plot_solved(sweeps, T, out / "solved.png", title=f"{cfg.model.name}: solved against iterations")
     return result
 
