@@ -46,6 +46,11 @@ def stable_rule(trained: int, max_steps: int, min_steps: Optional[int] = None,
     return {"min_steps": min_steps or min(trained, max_steps), "patience": patience or PATIENCE}
 
 
+def _uint8_images(x: torch.Tensor) -> torch.Tensor:
+    """Images as the loader gives them, in [0, 1], as uint8 0..255 on the CPU (for a picture)."""
+    return (x.clamp(0, 1) * 255).round().to(torch.uint8).cpu()
+
+
 @torch.no_grad()
 def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_steps: int, min_steps: int = 1,
                patience: int = 1, keep: int = 0, example: bool = False) -> Dict[str, object]:
@@ -106,7 +111,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
                 stopped |= stop
             prev = pred
         if keep and "kept" not in rules:
-            rules["kept"] = {"image": (x[:keep].clamp(0, 1) * 255).round().to(torch.uint8).cpu(),
+            rules["kept"] = {"image": _uint8_images(x[:keep]),
                              "target": y[:keep].to(torch.uint8).cpu(), "pred": pred[:keep].to(torch.uint8).cpu()}
         stop_solved[~stopped] = solved[~stopped]  # never stable: the last iteration's readout
         if example and not rules.get("example", {}).get("solved", False):
@@ -114,7 +119,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
             hits = stop_solved.nonzero()
             if len(hits) or "example" not in rules:
                 i = int(hits[0]) if len(hits) else 0
-                rules["example"] = {"image": (x[i].clamp(0, 1) * 255).round().to(torch.uint8).cpu(),
+                rules["example"] = {"image": _uint8_images(x[i]),
                                     "target": y[i].to(torch.uint8).cpu(), "stop": stop_pred[i].to(torch.uint8).cpu(),
                                     "last": pred[i].to(torch.uint8).cpu(), "step": int(stop_step[i]),
                                     "stopped": bool(stopped[i]), "solved": bool(stop_solved[i]),
