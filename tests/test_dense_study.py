@@ -5,7 +5,6 @@ import csv
 import json
 
 import pytest
-import torch
 
 from recurvit.study import load_study, run_study, write_report
 from recurvit.study.claims import decide_all
@@ -157,3 +156,22 @@ def test_the_picture_shows_the_model_that_got_furthest_when_none_solves_the_larg
     assert _best_cell(cs)["cell"] == "conv"  # 39: a tie at 0; 13: 0.39 beats 0.2 and 0
     cs[0]["solved_39_10T"] = {"mean": 0.01}
     assert _best_cell(cs)["cell"] == "vit"  # the largest size decides first
+
+
+def test_the_report_says_how_far_each_cell_is_behind_the_conv_anchor_and_which_closes_the_most():
+    from recurvit.tasks.dense.study import anchor_gaps
+
+    def cell(name, model, solved_9, stable_9):
+        rows = [{"solved_9": a, "rule_stable_solved_9": b} for a, b in zip(solved_9, stable_9)]
+        return {"cell": name, "model": model, "sizes": [9], "rows": rows, "solved_9": {}, "rule_stable_solved_9": {}}
+
+    anchor = cell("conv", "dt_net_recall", [1.0, 0.9], [1.0, 1.0])
+    near, far = cell("near", "bvit_tiny", [0.5, 0.3], [0.2, 0.2]), cell("far", "bvit_tiny", [0.1, 0.1], [0.2, 0.2])
+    lines = "\n".join(anchor_gaps([near, anchor, far]))
+    assert "| at T | `near` | -55.0 [" in lines and "| at T | `far` | -85.0 [" in lines
+    assert "| at T | **closest to the anchor** | `near` (behind by 55.0) |" in lines
+    assert "| stable rule | **closest to the anchor** | every cell (behind by 80.0) |" in lines
+    assert "| at 10T |" not in lines  # no cell has the figure: no row
+    one = cell("one", "bvit_tiny", [0.85], [1.0])
+    assert "| at T | `one` | -10.0 (n = 1 / 2) |" in "\n".join(anchor_gaps([anchor, one]))
+    assert anchor_gaps([near, far]) == []  # no anchor in the study (mazes_locality): no table

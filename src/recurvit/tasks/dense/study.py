@@ -31,7 +31,7 @@ from ...run.rundir import RunDir
 from ...study.evaluators import Evaluated, evaluate_run
 from ...study.grouping import table
 from ...study.plateau import plateau_change, plateau_per_seed, plateau_summary
-from ...study.stats import fmt_ci, mean_ci
+from ...study.stats import fmt_ci, mean_ci, welch
 from ..classify.study import check_run, train_run  # noqa: F401  (check_run: a maze run's config is a run config too)
 from .evaluators import EVALUATORS, RUN_COLUMNS, Mazes, size_columns  # noqa: F401  (EVALUATORS: the study's table)
 from .plots import maze_picture, solved_panels
@@ -48,6 +48,8 @@ _SIZES = range(3, 129, 2)
 CONTRAST = ([f"solved_{s}{k}" for s in _SIZES for k in ("", "_10T")], 100.0, "points")  # report.compare
 ACC_HEAD = {f"solved_{s}{k}": f"solved {s}x{s} @{'10T' if k else 'T'}" for s in _SIZES for k in ("", "_10T")}
 _SIZE = re.compile(r"^solved_(\d+)$")
+ANCHOR_PREFIX = "dt_net"  # DeepThinking's recurrent conv nets: the anchor every other cell is measured against
+GAP_FIGURES = (("at T", "solved_{s}"), ("stable rule", "rule_stable_solved_{s}"), ("at 10T", "solved_{s}_10T"))
 
 
 # ------------------------------------------------------------------------------- one run's row
@@ -168,8 +170,62 @@ def tables(cs: List[Dict[str, Any]], study) -> List[str]:
         lines += table(axes + [f"{s}: {name}" for s in sizes for name in ("max-conf", "stable")],
                        [[str(c[a]) for a in axes] + [rule(c, r, s) for s in sizes for r in ("conf", "stable")]
                         for c in cs]) + [""]
+    lines += anchor_gaps(cs)
     summary = plateau_summary([r for c in cs for r in c["rows"]])
     return lines + ([summary.replace("accuracy", "solved"), ""] if summary else [])
+
+
+def anchor_gaps(cs: List[Dict[str, Any]]) -> List[str]:
+    """Each cell against the conv anchor (the one cell of a DeepThinking model) at every size: the difference
+    of solved in points (cell − anchor, with its 95% Welch interval where both cells have 2 seeds or more) at
+    T, with the stable rule and at 10T, and per figure and size the cell closest to the anchor: by how much
+    the recurrent ViT is behind and which regime closes the most of it. Nothing when the study has no anchor."""
+    anchors = [c for c in cs if str(c.get("model", "")).startswith(ANCHOR_PREFIX)]
+    others = [c for c in cs if not str(c.get("model", "")).startswith(ANCHOR_PREFIX)]
+    if len(anchors) != 1 or not others:
+        return []
+    a = anchors[0]
+    sizes = [s for s in a["sizes"] if any(s in c["sizes"] for c in others)]
+    if not sizes:
+        return []
+
+    def gap(c, key):
+        x, y = [r.get(key) for r in c["rows"]], [r.get(key) for r in a["rows"]]
+        mx, my = mean_ci(x), mean_ci(y)
+        if math.isnan(mx["mean"]) or math.isnan(my["mean"]):
+            return None, "-"
+        d = (mx["mean"] - my["mean"]) * 100.0
+        w = welch(x, y)
+        if math.isnan(w["lo"]):
+            return d, f"{d:+.1f} (n = {mx['n']} / {my['n']})"
+        return d, f"{d:+.1f} [{w['lo'] * 100:+.1f}, {w['hi'] * 100:+.1f}]"
+
+    body = []
+    for label, pattern in GAP_FIGURES:
+        keys = [pattern.format(s=s) for s in sizes]
+        if not any(k in a for k in keys):
+            continue
+        gaps = {c["cell"]: [gap(c, k) for k in keys] for c in others}
+        body += [[label, f"`{name}`", *(t for _, t in g)] for name, g in gaps.items()]
+        closest = []
+        for i in range(len(sizes)):
+            got = {name: g[i][0] for name, g in gaps.items() if g[i][0] is not None}
+            if not got:
+                closest.append("-")
+                continue
+            top = max(got.values())
+            best = [name for name, d in got.items() if d == top]
+            where = "level" if top == 0 else f"ahead by {top:.1f}" if top > 0 else f"behind by {-top:.1f}"
+            who = "every cell" if len(best) == len(gaps) > 1 else ", ".join(f"`{b}`" for b in best)
+            closest.append(f"{who} ({where})")
+        body.append([label, "**closest to the anchor**", *closest])
+    if not body:
+        return []
+    return [f"Each cell against the conv anchor (`{a['cell']}`), solved in points (cell − anchor: the mean "
+            "difference over seeds with its 95% Welch interval, or the seeds per cell where a cell has one), at "
+            "T, with the stable rule and at 10T; per figure and size, the cell closest to the anchor, which is "
+            "how far the recurrent ViT is behind and the regime that closes the most of it:", ""] + \
+        table(["figure", "cell"] + [f"{s}x{s}" for s in sizes], body) + [""]
 
 
 def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
