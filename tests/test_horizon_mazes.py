@@ -39,7 +39,9 @@ def test_horizon_sweeps_a_maze_run_like_the_library(run, tmp_path, capsys):
     assert summary["stable_rule"] == {"min_steps": 2, "patience": 3}  # the study evaluator's: from T, patience 3
     assert summary["rows"] == json.loads(json.dumps(want["rows"]))
     assert (tmp_path / "horizon.png").stat().st_size > 0
-    assert json.loads((tmp_path / "horizon.json").read_text())["rows"] == summary["rows"]
+    saved = json.loads((tmp_path / "horizon.json").read_text())
+    assert saved["rows"] == summary["rows"]  # the file names its siblings by name: the folder can move
+    assert (saved["csv"], saved["png"], saved["picture"]["png"]) == ("horizon.csv", "horizon.png", "horizon_maze.png")
     pic = summary["picture"]  # the largest size where the stable rule solved a maze, else the largest
     assert (tmp_path / "horizon_maze.png").stat().st_size > 0 and pic["png"] == str(tmp_path / "horizon_maze.png")
     solved = [r["size"] for r in summary["rows"] if r["stable_solved"] > 0]

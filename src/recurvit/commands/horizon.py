@@ -149,7 +149,9 @@ def _mazes(args, loaded) -> int:
                "picture": {"png": str(outputs[MAZE_PICTURE]), "size": size, "stable_solved": ex["solved"],
                            "stable_step": ex["step"], "stable_stopped": ex["stopped"],
                            "solved_at_max_steps": ex["solved_last"]}}
-    write_text(outputs["horizon.json"], json.dumps(summary, indent=1) + "\n", JSON_MARK, "horizon.json")
+    # the file names its siblings by name (the folder moves: results are copied out of the run), stdout in full
+    saved = {**summary, "csv": "horizon.csv", "png": "horizon.png", "picture": {**summary["picture"], "png": MAZE_PICTURE}}
+    write_text(outputs["horizon.json"], json.dumps(saved, indent=1) + "\n", JSON_MARK, "horizon.json")
     if args.json:
         print_json(summary)
         return 0
