@@ -117,6 +117,7 @@ def test_a_dense_study_runs_reports_and_decides(tmp_path):
     ex = res["maze_example"]
     assert ex["size"] == 9 and len(ex["pred"]) == len(ex["image"]) == 24 and len(ex["image"][0]) == 6 * 24
     assert "Mazes solved (%) per test size" in report and "9: @10T" in report
+    assert "What each maze stopping for itself gains over the fixed depth T" in report
     for png in ("solved_vs_iterations.png", "maze_solved.png"):
         assert (study.results / png).stat().st_size > 1000 and png in report
     (tmp_path / "predict").mkdir()
@@ -175,3 +176,11 @@ def test_the_report_says_how_far_each_cell_is_behind_the_conv_anchor_and_which_c
     one = cell("one", "bvit_tiny", [0.85], [1.0])
     assert "| at T | `one` | -10.0 (n = 1 / 2) |" in "\n".join(anchor_gaps([anchor, one]))
     assert anchor_gaps([near, far]) == []  # no anchor in the study (mazes_locality): no table
+
+
+def test_the_stable_rules_gain_over_T_is_paired_per_seed():
+    from recurvit.tasks.dense.study import _paired
+
+    rows = [{"stable": 0.5, "at_T": 0.2}, {"stable": 0.6, "at_T": 0.2}, {"stable": 0.9, "at_T": None}]
+    assert _paired({"rows": rows}, "stable", "at_T") == "+35.0 ± 63.5"  # seeds 1, 2: +30, +40 (t = 12.71)
+    assert _paired({"rows": rows[:1]}, "stable", "at_T") == "+30.0" and _paired({"rows": []}, "a", "b") == "-"

@@ -31,7 +31,7 @@ from ...run.rundir import RunDir
 from ...study.evaluators import Evaluated, evaluate_run
 from ...study.grouping import table
 from ...study.plateau import plateau_change, plateau_per_seed, plateau_summary
-from ...study.stats import fmt_ci, mean_ci, welch
+from ...study.stats import fmt_ci, mean_ci, paired_differences, welch
 from ..classify.study import check_run, train_run  # noqa: F401  (check_run: a maze run's config is a run config too)
 from .evaluators import EVALUATORS, RUN_COLUMNS, Mazes, size_columns  # noqa: F401  (EVALUATORS: the study's table)
 from .plots import maze_picture, solved_panels
@@ -170,9 +170,20 @@ def tables(cs: List[Dict[str, Any]], study) -> List[str]:
         lines += table(axes + [f"{s}: {name}" for s in sizes for name in ("max-conf", "stable")],
                        [[str(c[a]) for a in axes] + [rule(c, r, s) for s in sizes for r in ("conf", "stable")]
                         for c in cs]) + [""]
+        lines += ["What each maze stopping for itself gains over the fixed depth T: the stable rule's solved − solved "
+                  "at T, in points, per seed (paired) as mean ± half-width of the 95% t-interval:", ""]
+        lines += table(axes + [f"{s}x{s}" for s in sizes],
+                       [[str(c[a]) for a in axes] + [_paired(c, f"rule_stable_solved_{s}", f"solved_{s}")
+                                                     for s in sizes] for c in cs]) + [""]
     lines += anchor_gaps(cs)
     summary = plateau_summary([r for c in cs for r in c["rows"]])
     return lines + ([summary.replace("accuracy", "solved"), ""] if summary else [])
+
+
+def _paired(c: Dict[str, Any], a: str, b: str) -> str:
+    """Mean ± 95% half-width of the per-seed a − b of a cell's runs, in points ('-': no seed has both)."""
+    return fmt_ci(mean_ci(paired_differences([r.get(a) for r in c["rows"]], [r.get(b) for r in c["rows"]])),
+                  signed=True)
 
 
 def anchor_gaps(cs: List[Dict[str, Any]]) -> List[str]:
