@@ -60,6 +60,11 @@ def test_the_task_is_chosen_from_the_data_and_refuses_the_other(tmp_path):
         DenseTask(load_config(None, TINY + ["train.depth.progressive=1.5"])).check()
     with pytest.raises(UserError, match="model.dense=true"):  # a ViT that reads out one class an image
         train(load_config(None, VIT + ["model.dense=false"]), tmp_path / "run", **QUIET)
+    # a test size the patches do not tile (11x11: 28 px) was found only at the last epoch's test, with a
+    # traceback; it is one line before the first step, and the run directory is not made
+    with pytest.raises(UserError, match=r"patch_size=8 does not divide every maze's side: 11x11 \(28 px\)"):
+        train(load_config(None, VIT + ["model.patch_size=8", "data.maze_test_sizes=[9,11]"]), tmp_path / "r8", **QUIET)
+    assert not (tmp_path / "r8").exists()
 
 
 @pytest.mark.slow

@@ -124,7 +124,11 @@ def test_a_dense_study_runs_reports_and_decides(tmp_path):
     _predict_writes_the_path_beside_the_maze(tmp_path / "study" / "runs" / "vit__seed=0", tmp_path / "predict")
     decided = decide_all(study.claims, table)
     assert set(decided) == {c.id for c in study.claims}
-    assert all(d.verdict for d in decided.values())
+    # one seed a cell: no interval, so no comparison or trend decides; the target is counted per seed, from the row
+    assert {k: d.verdict for k, d in decided.items() if k != "target_4x"} == dict.fromkeys(
+        ["recall_beats", "thinks_longer", "thinks_longer_10T", "no_overthinking", "rule_grows"], "not measured")
+    met = float(vit["solved_9_10T"]) >= 0.9 and float(vit["drop_10T_9"]) >= -0.01
+    assert decided["target_4x"].verdict == f"target met in {int(met)} of 1 seeds"
     assert "per seed" in decided["target_4x"].note
 
 

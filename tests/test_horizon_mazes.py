@@ -84,8 +84,8 @@ def test_the_stable_rule_can_be_set_and_is_reported(run, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["stable_rule"] == {"min_steps": 1, "patience": 2}
 
 
-@pytest.mark.parametrize("bad", [["--sizes", "8"], ["--sizes", "3"], ["--mazes", "0"], ["--patience", "0"],
-                                 ["--min-steps", "0"]])
+@pytest.mark.parametrize("bad", [["--sizes", "8"], ["--sizes", "1"], ["--mazes", "0"], ["--patience", "0"],
+                                 ["--min-steps", "0"], ["--min-steps", "50"]])
 def test_a_size_no_maze_can_have_is_one_line(run, tmp_path, bad, capsys):
     capsys.readouterr()
     assert main(["horizon", str(run), "--out", str(tmp_path), *bad]) == 2
@@ -114,3 +114,55 @@ def test_a_second_sweep_writes_over_the_first(run, tmp_path, capsys):  # what it
     assert main(argv) == 0 and main(argv) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["horizon.csv", "horizon.json", "horizon.png",
                                                           "horizon_maze.png"]
+
+
+def test_a_stack_models_sweep_stops_at_its_depth_and_says_so(tmp_path, capsys):
+    run = tmp_path / "stack"
+    assert main(["train", *TINY, "model.core=stack", "model.depth=2", "--out", str(run), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["horizon", str(run), "--sizes", "9", "--mazes", "2", "--out", str(tmp_path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["max_steps"] == 2 and "K capped" in summary["note"]
+
+
+
+def _maze_png(path, size=9, seed=0):
+    from PIL import Image
+
+    from recurvit.data.mazes import make_mazes
+
+    x, _ = make_mazes(1, size, seed, "test")
+    Image.fromarray(x[0].transpose(1, 2, 0)).save(path)
+
+
+def test_predict_refuses_what_it_cannot_write_before_writing_any(run, tmp_path, capsys):
+    (tmp_path / "two").mkdir()
+    _maze_png(tmp_path / "two" / "maze.png")
+    _maze_png(tmp_path / "two" / "maze.bmp")  # both would write maze.path.png: one silently lost
+    assert main(["predict", str(run), str(tmp_path / "two")]) == 2
+    assert "would both write" in capsys.readouterr().err and not (tmp_path / "two" / "maze.path.png").exists()
+    (tmp_path / "mine").mkdir()
+    _maze_png(tmp_path / "mine" / "a.png")
+    _maze_png(tmp_path / "mine" / "b.png", seed=1)
+    (tmp_path / "mine" / "b.path.png").write_text("my notes")  # the user's: refused before a.path.png is written
+    assert main(["predict", str(run), str(tmp_path / "mine" / "a.png"), str(tmp_path / "mine" / "b.png")]) == 2
+    assert "b.path.png exists" in capsys.readouterr().err and not (tmp_path / "mine" / "a.path.png").exists()
+    assert (tmp_path / "mine" / "b.path.png").read_text() == "my notes"
+    assert main(["predict", str(run), str(tmp_path / "mine" / "a.png"), "--csv", str(tmp_path / "p.csv")]) == 2
+    assert "--csv writes class rows" in capsys.readouterr().err and not (tmp_path / "p.csv").exists()
+
+
+def test_a_maze_image_a_vit_cannot_read_is_one_line():
+    from recurvit import create_model
+    from recurvit.errors import UserError
+    from recurvit.export.predict import check_dense_sides
+
+    kw = dict(embed_dim=16, num_heads=2, patch_size=4, img_size=24, num_classes=2, dense=True, class_token=False,
+              global_pool="avg", core="recurrent", steps=2)
+    fixed, dynamic = create_model("bvit_tiny", **kw), create_model("bvit_tiny", dynamic_img_size=True, **kw)
+    check_dense_sides(fixed, [("a", 24)])
+    check_dense_sides(dynamic, [("a", 24), ("b", 32)])  # 13x13: 32 px
+    with pytest.raises(UserError, match="b: a 30-pixel maze image, and this model reads 4-pixel patches"):
+        check_dense_sides(dynamic, [("a", 24), ("b", 30)])  # a 30-pixel image is no maze: its mask would be 28
+    with pytest.raises(UserError, match="runs only at 24 pixels"):
+        check_dense_sides(fixed, [("b", 32)])

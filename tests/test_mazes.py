@@ -116,7 +116,9 @@ def test_mazes_load_through_the_data_layer():
 
 def test_bad_maze_options_are_one_line_errors():
     for bad, match in ((dict(maze_size=8), "odd integer >= 3"), (dict(maze_test_sizes=[9, 1]), "odd integer"),
-                       (dict(maze_val=0), "maze_val=0"), (dict(img_size=32), "img_size must be null or 24")):
+                       (dict(maze_val=0), "maze_val=0"), (dict(img_size=32), "img_size must be null or 24"),
+                       (dict(maze_seed=-1), "maze_seed must be an integer >= 0"),
+                       (dict(maze_test_sizes=[]), "maze_test_sizes is empty")):
         with pytest.raises(UserError, match=match):
             build_datasets(DataConfig(name="mazes", maze_train=8, **bad))
     with pytest.raises(UserError, match="too few distinct 3x3 mazes"):  # the search makes 24 kinds of 3x3 maze

@@ -93,7 +93,7 @@ def test_horizon_never_writes_over_a_file_it_did_not_write(trained, tmp_path, ca
         assert code == 0, out.err
 
 
-@pytest.mark.parametrize("flag", [["--sizes", "9"], ["--patience", "2"], ["--min-steps", "2"]])
+@pytest.mark.parametrize("flag", [["--sizes", "9"], ["--mazes", "10"], ["--patience", "2"], ["--min-steps", "2"]])
 def test_a_maze_sweeps_option_on_a_classification_run_is_one_line(trained, flag, capsys):
     _fails(capsys, ["horizon", trained, "--steps", "2", *flag], f"{flag[0]} is for a maze run's sweep")
 

@@ -10,8 +10,10 @@ applications per batch (``model.iter_states``: no prefix is re-run), as :mod:`.h
 
 The rules, each image on its own:
 
-- ``max_conf`` (DeepThinking's ``test_max_conf``): read out at the iteration of maximal confidence, the
-  mean over pixels of the largest softmax probability (the first such iteration on a tie);
+- ``max_conf`` (after DeepThinking's ``test_max_conf``): read out at the iteration of maximal confidence, the
+  mean over every pixel of the largest softmax probability (the first such iteration on a tie). DeepThinking
+  averages over the open pixels only (weighting by the input's brightest channel); here walls and frame,
+  which a network is soon sure of, count too, so the two can pick different iterations;
 - ``stable``: stop at the first iteration k >= ``min_steps`` whose predicted mask equals that of each of
   the ``patience`` iterations before it (never stable: read at K). An untrained or early network predicts
   the same empty mask for several steps: ``min_steps`` and ``patience`` are set before any test result

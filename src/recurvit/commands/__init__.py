@@ -125,14 +125,16 @@ def check_cost(model, loader, device, steps: int, batches: int, args) -> None:
                     keeps_states=model.core.keeps_states, force=args.force)
 
 
-def check_cost_of(model, images: int, batch_size: int, steps: int, args) -> None:
-    """:func:`check_cost` for ``images`` images of the model's own input size (no loader at hand)."""
+def check_cost_of(model, images: int, batch_size: int, steps: int, args, side: Optional[int] = None) -> None:
+    """:func:`check_cost` for ``images`` images of the model's own input size, or of ``side`` pixels (a
+    dense model's largest input: mazes of any size), no loader at hand."""
     import torch
 
     from ..analysis.budget import check_eval_cost
 
     c, device = model.cfg, next(model.parameters()).device
-    x = torch.zeros(max(1, min(images, batch_size)), c.in_chans, c.img_size, c.img_size, device=device)
+    side = side or c.img_size
+    x = torch.zeros(max(1, min(images, batch_size)), c.in_chans, side, side, device=device)
     check_eval_cost(model, x, steps, -(-images // batch_size), keeps_states=model.core.keeps_states,
                     force=getattr(args, "force", False))
 

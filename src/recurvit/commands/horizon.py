@@ -30,7 +30,7 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, help="directory for horizon.csv / horizon.png (default: the run directory)")
     p.add_argument("--sizes", type=int, nargs="+", metavar="S",
                    help="maze run: the maze sizes to test (default: the run's data.maze_test_sizes)")
-    p.add_argument("--mazes", type=int, default=200, metavar="N",
+    p.add_argument("--mazes", type=int, metavar="N",
                    help="maze run: test mazes a size (default: 200)")
     p.add_argument("--min-steps", type=int, metavar="M",
                    help="maze run: the stable rule's first possible stop (default: the trained depth T)")
@@ -53,7 +53,8 @@ def run(args) -> int:
     loaded = load_trained(args.run)
     if loaded.config.data.name == "mazes":  # the dense task (its data chooses it)
         return _mazes(args, loaded)
-    for flag, value in (("--sizes", args.sizes), ("--min-steps", args.min_steps), ("--patience", args.patience)):
+    for flag, value in (("--sizes", args.sizes), ("--mazes", args.mazes), ("--min-steps", args.min_steps),
+                        ("--patience", args.patience)):
         if value is not None:
             raise UserError(f"{flag} is for a maze run's sweep; {args.run} is a {loaded.config.data.name} run")
     model, cfg, device, test_loader, info = open_trained(args, loaded)
@@ -98,14 +99,19 @@ def _mazes(args, loaded) -> int:
     from torch.utils.data import DataLoader
 
     from ..analysis.mazes import draw_maze, example_panels, maze_sweep_sizes, plot_solved, stable_rule, summarize_mazes
-    from ..data.mazes import maze_test_sets
+    from ..data.mazes import cells_per_side, maze_test_sets
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.outputs import PNG, claim_files, output_dir, write_text
 
-    if args.mazes < 1 or any(s < 5 or s % 2 == 0 for s in args.sizes or ()):
-        raise UserError(f"--mazes must be >= 1 and every --sizes an odd number >= 5, got {args.mazes} and "
-                        f"{args.sizes}")
+    args.mazes = 200 if args.mazes is None else args.mazes
+    if args.mazes < 1:
+        raise UserError(f"--mazes must be >= 1, got {args.mazes}")
+    for s in args.sizes or ():
+        try:
+            cells_per_side(s)
+        except UserError as e:
+            raise UserError(f"--sizes: {e}") from None
     for flag, value in (("--min-steps", args.min_steps), ("--patience", args.patience)):
         if value is not None and value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")
@@ -116,6 +122,13 @@ def _mazes(args, loaded) -> int:
     model = model.to(device)
     T = model.nominal_steps
     K = args.steps or 10 * T
+    note = None
+    if model.core.limit is not None and K > model.core.limit:  # a stack or SoftMoR model stops at its depth
+        note = f"this {model.cfg.core} model runs at most {model.core.limit} steps; K capped"
+        K = model.core.limit
+    if args.min_steps is not None and args.min_steps > K:
+        raise UserError(f"--min-steps {args.min_steps} is past the sweep's last iteration ({K}): the stable rule "
+                        f"could never stop; raise --steps or lower --min-steps")
     data = replace(cfg.data, maze_test_sizes=sorted(set(args.sizes or cfg.data.maze_test_sizes)),
                    maze_test=args.mazes)
     sets = maze_test_sets(data)
@@ -143,7 +156,7 @@ def _mazes(args, loaded) -> int:
     ex = examples[size]
     draw_maze(example_panels(ex, K), f"{run_name}: a {size}x{size} test maze (trained at "
               f"{cfg.data.maze_size}x{cfg.data.maze_size}, T = {T})", outputs[MAZE_PICTURE])
-    summary = {"run": str(args.run), "model": cfg.model.name, "trained_steps": T, "max_steps": K,
+    summary = {"run": str(args.run), "model": cfg.model.name, "trained_steps": T, "max_steps": K, "note": note,
                "mazes": args.mazes, "stable_rule": rule, "rows": rows, "csv": str(out_dir / "horizon.csv"),
                "png": str(out_dir / "horizon.png"),
                "picture": {"png": str(outputs[MAZE_PICTURE]), "size": size, "stable_solved": ex["solved"],
@@ -158,12 +171,16 @@ def _mazes(args, loaded) -> int:
     pct = lambda v: "   -  " if v is None else f"{100 * v:5.1f}%"  # noqa: E731
     print(f"{cfg.model.name}: trained at {cfg.data.maze_size}x{cfg.data.maze_size} with T={T}, swept K={K}, "
           f"{args.mazes} test mazes a size; solved at")
-    print(f"   size      T     2T     4T    10T   best (iter)  max_conf  stable (mean iters; from iteration "
+    if note:
+        print(f"  ({note})")
+    print(f"   size      T     2T     4T    10T   peak (iter)  max_conf  stable (mean iters; from iteration "
           f"{rule['min_steps']}, {rule['patience']} unchanged)")
     for r in rows:
         print(f"  {r['size']:>2}x{r['size']:<2} {pct(r['solved_T'])} {pct(r['solved_2T'])} {pct(r['solved_4T'])} "
               f"{pct(r['solved_10T'])} {pct(r['solved_best'])} ({r['best_step']:>3})  {pct(r['max_conf_solved'])}"
               f"  {pct(r['stable_solved'])} ({r['stable_steps_mean']:.1f})")
+    print("  peak: the most solved at any iteration of this test sweep (the curve's top, chosen on test: a "
+          "description, not a choice; the study chooses its iteration on validation)")
     print("  path recall / precision (eroded past the answer: recall falls; spilled into dead ends: precision)")
     for r in rows:
         print(f"  {r['size']:>2}x{r['size']:<2}  @T {pct(r['path_recall_T'])} / {pct(r['path_precision_T'])}"

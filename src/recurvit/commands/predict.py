@@ -37,7 +37,7 @@ CSV_HEADER = ["image", "rank", "label", "prob"]  # the first line of every --csv
 
 
 def run(args) -> int:
-    from ..export.predict import image_files, predict, read_images
+    from ..export.predict import _dense_data, check_dense_sides, image_files, predict, read_images
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.outputs import claim_file, write_text
@@ -59,8 +59,16 @@ def run(args) -> int:
         raise UserError(f"none of the {len(bad)} files given could be read as an image: {name!r}: {why}{more}")
     for name, why in bad:
         print(f"skipped {name!r}: {why}", file=sys.stderr)
+    dense = _dense_data(model.pretrained_cfg)
+    if dense and args.csv:
+        raise UserError("--csv writes class rows; a maze run writes each image's path as NAME.path.png "
+                        "(use --json for the list)")
+    side = None
+    if dense:  # each maze at its own size: checked, and the run priced at the largest, before any work
+        check_dense_sides(model, [(n, im.width) for n, im in pairs if im.width == im.height])
+        side = max(im.width for _, im in pairs)
     if args.steps is not None:  # priced before it runs: --steps 1000000000 is refused, not a hang
-        check_cost_of(model, len(pairs), args.batch_size, args.steps, args)
+        check_cost_of(model, len(pairs), args.batch_size, args.steps, args, side=side)
     preds = predict(model, [im for _, im in pairs], topk=args.topk, steps=args.steps, batch_size=args.batch_size,
                     names=[n for n, _ in pairs])
     if any(p.mask is not None for p in preds):
@@ -90,12 +98,17 @@ def _write_paths(preds, bad, args) -> int:
     from ..run.atomic import atomic_write
     from ..run.outputs import PNG, claim_file
 
+    todo = [p for p in preds if not Path(p.source).name.endswith(".path.png")]  # an earlier predict's output
+    dests = [Path(p.source).with_name(Path(p.source).stem + ".path.png") for p in todo]
+    seen = {}
+    for p, d in zip(todo, dests):  # maze.png and maze.bmp in one folder: one would overwrite the other
+        if d in seen:
+            raise UserError(f"{seen[d]} and {p.source} would both write {d}; rename one of them")
+        seen[d] = p.source
+    for d in dests:  # every destination before the first is written: a user's file stops it with nothing written
+        claim_file(d, PNG, what="path image")
     out = []
-    for p in preds:
-        src = Path(p.source)
-        if src.name.endswith(".path.png"):  # written by an earlier predict (a folder read again): not a maze
-            continue
-        dest = claim_file(src.with_name(src.stem + ".path.png"), PNG, what="path image")
+    for p, dest in zip(todo, dests):
         mask = p.mask.numpy()
         atomic_write(dest, lambda f, m=mask: imsave(f, m, cmap="gray", vmin=0, vmax=1, format="png"))
         out.append({**p.as_dict(), "path_image": str(dest)})

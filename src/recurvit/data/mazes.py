@@ -211,6 +211,10 @@ def check_maze_cfg(cfg: DataConfig) -> None:
     """One line for a maze option the generator cannot honour."""
     for size in [cfg.maze_size, *cfg.maze_test_sizes]:
         cells_per_side(size)
+    if not cfg.maze_test_sizes:
+        raise UserError("data.maze_test_sizes is empty: give the sizes to test at, e.g. [9, 13, 17]")
+    if int(cfg.maze_seed) != cfg.maze_seed or cfg.maze_seed < 0:
+        raise UserError(f"data.maze_seed must be an integer >= 0, got {cfg.maze_seed}")
     bad = [f"data.maze_{k}={getattr(cfg, 'maze_' + k)}" for k in ("train", "val", "test")
            if getattr(cfg, "maze_" + k) < 1]
     if bad:

@@ -157,8 +157,10 @@ def predict(model: torch.nn.Module, images: Any, topk: int = 5, steps: Optional[
     model.eval()
     out: List[Prediction] = []
     if _dense_data(cfg):
-        return [Prediction(name, [], model(tf(im)[None].to(device), steps=steps)[0].argmax(0).to(torch.uint8).cpu())
-                for name, im in zip(names, images)]
+        xs = [tf(im) for im in images]
+        check_dense_sides(model, [(name, int(x.shape[-1])) for name, x in zip(names, xs)])
+        return [Prediction(name, [], model(x[None].to(device), steps=steps)[0].argmax(0).to(torch.uint8).cpu())
+                for name, x in zip(names, xs)]
     for i in range(0, len(images), batch_size):
         x = torch.stack([tf(im) for im in images[i:i + batch_size]]).to(device)
         probs = model(x, steps=steps).float().softmax(-1)
@@ -166,6 +168,22 @@ def predict(model: torch.nn.Module, images: Any, topk: int = 5, steps: Optional[
         for name, pr, ix in zip(names[i:i + batch_size], p.tolist(), idx.tolist()):
             out.append(Prediction(name, [(labels[j] if j < len(labels) else str(j), q) for j, q in zip(ix, pr)]))
     return out
+
+
+def check_dense_sides(model: torch.nn.Module, sides: Sequence[Tuple[str, int]]) -> None:
+    """One line for a square image a dense (maze) model cannot read: a side its patches do not tile (the
+    mask would come back smaller than the image), or another size than a fixed-size model was built for (a
+    learned position embedding without ``model.dynamic_img_size``)."""
+    mc = model.cfg
+    p = getattr(mc, "patch_size", 1) or 1
+    fixed = getattr(model, "pos_embed", None) is not None and not getattr(mc, "dynamic_img_size", True)
+    for name, side in sides:
+        if side % p:
+            raise UserError(f"{name}: a {side}-pixel maze image, and this model reads {p}-pixel patches: its side "
+                            f"must be a multiple of {p} (a size-s maze is 2s + 6 pixels)")
+        if fixed and side != mc.img_size:
+            raise UserError(f"{name}: a {side}-pixel maze image, and this model runs only at {mc.img_size} pixels "
+                            f"(a learned position embedding, trained without model.dynamic_img_size=true)")
 
 
 def _dense_data(cfg: Dict[str, Any]) -> bool:

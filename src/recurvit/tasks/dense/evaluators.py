@@ -15,9 +15,10 @@ Columns for each test size ``s`` (fractions; iterations in block applications):
 - ``best_iter_<s>``: the iteration of most validation mazes solved at the training size (the first on a
   tie; the same for every size), ``best_solved_<s>``: test solved there, ``drop_10T_<s>``: solved at 10T
   minus that (overthinking: < 0);
-- ``rule_conf_solved_<s>`` / ``rule_conf_iters_<s>``: DeepThinking's maximal-confidence readout and the mean
-  iteration it picked; ``rule_stable_solved_<s>`` / ``rule_stable_iters_<s>``: stop when the predicted mask
-  has not changed for ``patience`` iterations after ``min_steps``;
+- ``rule_conf_solved_<s>`` / ``rule_conf_iters_<s>``: the maximal-confidence readout (after DeepThinking's;
+  confidence over every pixel, see :mod:`recurvit.analysis.mazes`) and the mean iteration it picked;
+  ``rule_stable_solved_<s>`` / ``rule_stable_iters_<s>``: stop at the first iteration from ``min_steps`` on
+  whose mask equals those of the ``patience`` iterations before it;
 - ``pixel_acc_<s>`` (at T), ``pixel_acc_<s>_10T``;
 - ``solved_<s>_slope``: least-squares slope of solved over log2 of the iterations T, 2T, 4T, 10T (a share per
   doubling of the iterations; the per-run trend a claim tests against 0).

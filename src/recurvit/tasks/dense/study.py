@@ -162,7 +162,8 @@ def tables(cs: List[Dict[str, Any]], study) -> List[str]:
         o = {**Mazes.defaults, **study.evaluators.get("mazes", {})}  # as the study file set them, before any result
         start = "T" if o["min_steps"] is None else str(o["min_steps"])
         lines += [f"The two per-maze stopping rules at every size, up to {o['max_steps_factor']}T: solved (%) and "
-                  "the mean iterations used (max-conf: the iteration of largest mean confidence, DeepThinking's; "
+                  "the mean iterations used (max-conf: the iteration of largest mean confidence over every pixel, after "
+                  "DeepThinking's, which averages over open pixels only; "
                   f"stable: the first iteration from {start} on whose mask equals those of the {o['patience']} "
                   "iterations before it; never stable: the last):", ""]
         rule = lambda c, r, s: "-" if f"rule_{r}_solved_{s}" not in c else (  # noqa: E731

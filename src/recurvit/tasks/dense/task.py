@@ -126,9 +126,12 @@ class DenseTask(ClassifyTask):
         if larger and hasattr(mc, "dynamic_img_size") and not mc.dynamic_img_size:
             raise UserError(f"data.maze_test_sizes has sizes other than the training size ({larger}): set "
                             f"model.dynamic_img_size=true so the model runs on them")
-        if getattr(mc, "patch_size", 1) and maze_pixels(cfg.data.maze_size) % getattr(mc, "patch_size", 1):
-            raise UserError(f"model.patch_size={mc.patch_size} does not divide the {maze_pixels(cfg.data.maze_size)}-"
-                            f"pixel mazes: use 2 (or 4)")
+        p = getattr(mc, "patch_size", 1) or 1
+        sizes = [cfg.data.maze_size, *cfg.data.maze_test_sizes]  # the test sizes too: they run at the last epoch
+        bad = sorted({f"{s}x{s} ({maze_pixels(s)} px)" for s in sizes if maze_pixels(s) % p})
+        if bad:
+            raise UserError(f"model.patch_size={p} does not divide every maze's side: {', '.join(bad)}; "
+                            f"use 2 or 4 (they divide every maze size)")
         if self.cfg.train.depth.progressive and mc.core_cls.cannot_step(mc):
             raise UserError(f"train.depth.progressive needs a core that runs one step at a time: "
                             f"{mc.core_cls.cannot_step(mc)}")
