@@ -44,6 +44,13 @@ def add_parser(sub):
     return p
 
 
+def _capped(model, K: int):
+    """(K, None), or the core's limit and a note when K is past it (a stack or SoftMoR model stops at its depth)."""
+    if model.core.limit is not None and K > model.core.limit:
+        return model.core.limit, f"this {model.cfg.core} model runs at most {model.core.limit} steps; K capped"
+    return K, None
+
+
 def run(args) -> int:
     from ..analysis.horizon import horizon_sweep, plot, summarize, write_csv
     from ..run.outputs import PNG, claim_files, output_dir
@@ -60,11 +67,7 @@ def run(args) -> int:
     model, cfg, device, test_loader, info = open_trained(args, loaded)
     out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))  # before the work
     T = model.nominal_steps
-    K = args.steps or 16 * T
-    note = None
-    if model.core.limit is not None and K > model.core.limit:
-        note = f"this {model.cfg.core} model runs at most {model.core.limit} steps; K capped"
-        K = model.core.limit
+    K, note = _capped(model, args.steps or 16 * T)
     check_cost(model, test_loader, device, K, len(test_loader), args)
     claim_files(out_dir, {"horizon.csv": b"step,accuracy", "horizon.png": PNG})
     sweep = horizon_sweep(model, test_loader, device, K, progress=not args.json)
@@ -121,11 +124,7 @@ def _mazes(args, loaded) -> int:
     device = pick_device(args.device)
     model = model.to(device)
     T = model.nominal_steps
-    K = args.steps or 10 * T
-    note = None
-    if model.core.limit is not None and K > model.core.limit:  # a stack or SoftMoR model stops at its depth
-        note = f"this {model.cfg.core} model runs at most {model.core.limit} steps; K capped"
-        K = model.core.limit
+    K, note = _capped(model, args.steps or 10 * T)
     if args.min_steps is not None and args.min_steps > K:
         raise UserError(f"--min-steps {args.min_steps} is past the sweep's last iteration ({K}): the stable rule "
                         f"could never stop; raise --steps or lower --min-steps")
