@@ -37,7 +37,7 @@ CSV_HEADER = ["image", "rank", "label", "prob"]  # the first line of every --csv
 
 
 def run(args) -> int:
-    from ..export.predict import _dense_data, check_dense_sides, image_files, predict, read_images
+    from ..export.predict import is_dense, check_dense_sides, image_files, predict, read_images
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.outputs import claim_file, write_text
@@ -59,7 +59,7 @@ def run(args) -> int:
         raise UserError(f"none of the {len(bad)} files given could be read as an image: {name!r}: {why}{more}")
     for name, why in bad:
         print(f"skipped {name!r}: {why}", file=sys.stderr)
-    dense = _dense_data(model.pretrained_cfg)
+    dense = is_dense(model.pretrained_cfg)
     if dense and args.csv:
         raise UserError("--csv writes class rows; a maze run writes each image's path as NAME.path.png "
                         "(use --json for the list)")

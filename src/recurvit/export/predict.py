@@ -156,7 +156,7 @@ def predict(model: torch.nn.Module, images: Any, topk: int = 5, steps: Optional[
     device = next(model.parameters()).device
     model.eval()
     out: List[Prediction] = []
-    if _dense_data(cfg):
+    if is_dense(cfg):
         xs = [tf(im) for im in images]
         check_dense_sides(model, [(name, int(x.shape[-1])) for name, x in zip(names, xs)])
         return [Prediction(name, [], model(x[None].to(device), steps=steps)[0].argmax(0).to(torch.uint8).cpu())
@@ -186,5 +186,7 @@ def check_dense_sides(model: torch.nn.Module, sides: Sequence[Tuple[str, int]]) 
                             f"(a learned position embedding, trained without model.dynamic_img_size=true)")
 
 
-def _dense_data(cfg: Dict[str, Any]) -> bool:
+def is_dense(cfg: Dict[str, Any]) -> bool:
+    """Whether a model's ``pretrained_cfg`` is a dense (per-pixel, maze) run's: ``predict`` then returns
+    each image's mask, and the command writes it as NAME.path.png instead of class rows."""
     return bool(dense_target((cfg.get("recurvit_data") or {}).get("name", "")))
