@@ -33,7 +33,7 @@ def test_horizon_sweeps_a_maze_run_like_the_library(run, tmp_path, capsys):
     want = sweep_run(run, max_steps=5, sizes=[9, 13], n=3)
     for size in (9, 13):
         for col, key in (("solved", "solved"), ("pixel_acc", "accuracy"), ("path_recall", "path_recall"),
-                         ("path_precision", "path_precision")):
+                         ("path_precision", "path_precision"), ("state_rms", "state_rms"), ("state_change", "state_change")):
             got = [float(r[col]) if r[col] else None for r in rows if int(r["size"]) == size]
             assert got == pytest.approx(want["sweeps"][size][key], abs=0)
     assert summary["stable_rule"] == {"min_steps": 2, "patience": 3}  # the study evaluator's: from T, patience 3

@@ -20,8 +20,8 @@ class Scripted(nn.Module):
         self.logits = logits
         self.norm = nn.Identity()
 
-    def iter_states(self, x, steps):
-        return iter(range(steps))
+    def iter_states(self, x, steps):  # the state after step k: k in every image's two entries
+        return (torch.full((len(x), 2), float(k)) for k in range(1, steps + 1))
 
     def forward_head(self, z, step):
         return self.logits[step - 1]
@@ -58,7 +58,7 @@ class Batches(Scripted):
     def iter_states(self, x, steps):
         self.batch += 1
         self.logits = self.all[self.batch]
-        return iter(range(steps))
+        return super().iter_states(x, steps)
 
 
 def _batch(n, value):
@@ -147,3 +147,29 @@ def test_path_recall_and_precision_say_how_the_path_is_wrong():
     assert sw["path_recall"] == [0.0, 1.0, 1.0, 0.0]
     assert sw["path_precision"] == [None, 0.5, 1.0, 0.0]  # nothing marked: no precision to speak of
     assert sw["solved"] == [0.0, 0.0, 1.0, 0.0]
+
+
+def test_the_state_figures_are_each_images_rms_and_relative_step():
+    # the state after step k is k everywhere (Scripted): RMS k, and a step of 1 against a state of k
+    logits = _seq([[0, 0], [1, 0], [1, 1], [1, 1]], [[1, 1]] * 4)
+    data = [(torch.zeros(2, 1, 1, 2), torch.ones(2, 1, 2, dtype=torch.long))]
+    sw = maze_sweep(Scripted(logits), data, torch.device("cpu"), max_steps=4)
+    assert sw["state_rms"] == [1.0, 2.0, 3.0, 4.0] and sw["state_change"][0] is None
+    assert sw["state_change"][1:] == pytest.approx([1 / 2, 1 / 3, 1 / 4], rel=1e-6)  # float32 states
+    row = summarize_mazes({9: sw}, trained=2)[0]
+    assert (row["state_rms_T"], row["state_change_T"], row["state_rms_10T"]) == (2.0, 0.5, None)
+
+
+def test_the_state_figures_do_not_depend_on_the_batching():
+    torch.manual_seed(0)
+    model = create_model("dt_net_recall", width=8, steps=3)
+    cfg = load_config(None, ["data.name=mazes", "data.maze_test=6", "data.maze_test_sizes=[9]",
+                             "data.maze_train=8", "data.maze_val=4"])
+    data = maze_test_sets(cfg.data)[9]
+    one = maze_sweep(model, DataLoader(data, batch_size=6), torch.device("cpu"), max_steps=4)
+    split = maze_sweep(model, DataLoader(data, batch_size=4), torch.device("cpu"), max_steps=4)
+    x = torch.stack([data[i][0] for i in range(6)])
+    states = [z.flatten(1) for z in model.iter_states(x, 4)]
+    assert one["state_rms"] == pytest.approx([float(z.pow(2).mean(1).sqrt().mean()) for z in states], rel=1e-6)
+    assert one["state_rms"] == pytest.approx(split["state_rms"], rel=1e-6)
+    assert one["state_change"][1:] == pytest.approx(split["state_change"][1:], rel=1e-6)

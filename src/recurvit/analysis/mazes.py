@@ -59,7 +59,10 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
     """Per iteration 1..K: pixel accuracy, solved (share of images with every pixel right), and how the
     path is wrong: ``path_recall`` (share of the path's pixels predicted path) and ``path_precision`` (share
     of the pixels predicted path that are on it; None where none is) - a path eroded past the answer loses
-    recall, one spilling into dead ends loses precision. Per rule
+    recall, one spilling into dead ends loses precision; and how the recurrent state moves: ``state_rms``
+    (each image's root-mean-square state, averaged over images: a state that grows without bound drifts
+    out of the range its head was trained on) and ``state_change`` (each image's RMS step z_k - z_{k-1}
+    over the RMS of z_k; None at k = 1: how far the iteration is from a fixed point). Per rule
     (``max_conf``, ``stable``): solved and the iterations used. See the module docstring. ``keep`` > 0:
     also ``kept``, the first ``keep`` images of the first batch (uint8 (n, 3, H, W) in 0..255 as the loader
     gives them in [0, 1]), their targets and predicted masks at K (uint8 (n, H, W)), for a picture.
@@ -73,6 +76,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
     correct = torch.zeros(K, dtype=torch.float64)
     solved_k = torch.zeros(K, dtype=torch.float64)
     hit, marked, path_px = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64), 0
+    state_rms, state_change = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64)
     pixels = n = 0
     rules = {r: {"solved": 0, "steps": []} for r in ("max_conf", "stable")}
     for x, y in loader:
@@ -86,8 +90,14 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
         stop_solved = torch.zeros(B, dtype=torch.bool, device=device)
         stop_pred = None  # (with ``example``) each image's mask where the stable rule stopped it
         prev, unchanged = None, torch.zeros(B, dtype=torch.long, device=device)
-        solved = None
+        solved = prev_z = None
         for k, z in enumerate(model.iter_states(x, K), start=1):
+            zf = z.float().flatten(1)  # (B, state size)
+            rms = zf.pow(2).mean(1).sqrt()
+            state_rms[k - 1] += rms.sum().item()
+            if prev_z is not None:
+                state_change[k - 1] += ((zf - prev_z).pow(2).mean(1).sqrt() / rms.clamp_min(1e-12)).sum().item()
+            prev_z = zf
             logits = model.forward_head(model.norm(z), step=k).float()  # (B, C, H, W)
             pred = logits.argmax(1)
             right = pred == y
@@ -136,7 +146,9 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
     out: Dict[str, object] = {"step": list(range(1, K + 1)), "accuracy": (correct / max(pixels, 1)).tolist(),
                               "solved": (solved_k / max(n, 1)).tolist(), "n": n,
                               "path_recall": (hit / max(path_px, 1)).tolist(),
-                              "path_precision": [h / m if m else None for h, m in zip(hit.tolist(), marked.tolist())]}
+                              "path_precision": [h / m if m else None for h, m in zip(hit.tolist(), marked.tolist())],
+                              "state_rms": (state_rms / max(n, 1)).tolist(),
+                              "state_change": [None] + (state_change[1:] / max(n, 1)).tolist()}
     kept, picked = rules.pop("kept", None), rules.pop("example", None)
     for r, v in rules.items():
         steps = v["steps"]
@@ -198,8 +210,8 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
 def summarize_mazes(sweeps: Mapping[int, Dict[str, object]], trained: int) -> List[Dict[str, object]]:
     """One row a size: solved at k x T for k in FACTORS (None beyond the sweep), the best iteration's
     solved and that iteration (a description of the curve: the sweep reads a test split, so it chooses
-    nothing), solved at 10T minus the best (overthinking: < 0), path recall and precision at T and 10T, and
-    each rule's solved and iterations."""
+    nothing), solved at 10T minus the best (overthinking: < 0), path recall and precision and the state's
+    RMS and relative change at T and 10T, and each rule's solved and iterations."""
     rows = []
     for size, sw in sorted(sweeps.items()):
         solved = dict(zip(sw["step"], sw["solved"]))
@@ -210,8 +222,8 @@ def summarize_mazes(sweeps: Mapping[int, Dict[str, object]], trained: int) -> Li
         row.update(solved_best=solved[best_k], best_step=best_k,
                    drop_10T=None if 10 * trained not in solved else solved[10 * trained] - solved[best_k])
         for f in (1, 10):  # how the path is wrong at T and 10T (eroded: recall falls; spilled: precision)
-            at = f * trained - 1
-            for key in ("path_recall", "path_precision"):
+            at = f * trained - 1  # and how far the state has grown and still moves
+            for key in ("path_recall", "path_precision", "state_rms", "state_change"):
                 row[f"{key}_{'' if f == 1 else f}T"] = sw[key][at] if key in sw and at < len(sw[key]) else None
         for r in ("max_conf", "stable"):
             row.update({f"{r}_solved": sw[r]["solved"], f"{r}_steps_mean": sw[r]["steps_mean"],

@@ -7,7 +7,7 @@ from ..errors import UserError
 from . import DeprecatedOption, add_device_arg, add_force_arg, check_cost, load_trained, open_trained, print_json
 
 
-MAZE_CSV = ["size", "step", "solved", "pixel_acc", "path_recall", "path_precision"]
+MAZE_CSV = ["size", "step", "solved", "pixel_acc", "path_recall", "path_precision", "state_rms", "state_change"]
 JSON_MARK = b'{\n "run": '  # how horizon.json begins (a file of that name that does not is the user's)
 MAZE_PICTURE = "horizon_maze.png"  # one maze: input, where the stable rule stopped, the last iteration, target
 
@@ -145,7 +145,7 @@ def _mazes(args, loaded) -> int:
     w.writerow(MAZE_CSV)
     for size, sw in sorted(sweeps.items()):
         w.writerows(zip(*([size] * len(sw["step"]), sw["step"], sw["solved"], sw["accuracy"], sw["path_recall"],
-                            sw["path_precision"])))
+                            sw["path_precision"], sw["state_rms"], sw["state_change"])))
     write_text(outputs["horizon.csv"], table.getvalue(), ",".join(MAZE_CSV[:2]).encode(), "horizon.csv")
     run_name = (args.run if args.run.is_dir() else args.run.parent).resolve().name
     plot_solved(sweeps, T, out_dir / "horizon.png",
@@ -184,6 +184,13 @@ def _mazes(args, loaded) -> int:
     for r in rows:
         print(f"  {r['size']:>2}x{r['size']:<2}  @T {pct(r['path_recall_T'])} / {pct(r['path_precision_T'])}"
               f"   @10T {pct(r['path_recall_10T'])} / {pct(r['path_precision_10T'])}")
+    if rows[0]["state_rms_10T"] is not None:
+        print("  the recurrent state: RMS at T and 10T (growth), and its relative change per iteration there "
+              "(0 at a fixed point)")
+        for r in rows:
+            print(f"  {r['size']:>2}x{r['size']:<2}  RMS {r['state_rms_T']:.3g} -> {r['state_rms_10T']:.3g} "
+                  f"(x{r['state_rms_10T'] / max(r['state_rms_T'], 1e-12):.3g})   change {r['state_change_T'] or 0:.3g} -> "
+                  f"{r['state_change_10T']:.3g}")
     pic = summary["picture"]
     if pic["stable_solved"]:
         how = f"solved by the stable rule at iteration {pic['stable_step']}"
