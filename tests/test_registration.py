@@ -64,7 +64,9 @@ def test_a_registered_cell_filling_up_to_its_n_is_not_a_top_up(tmp_path):
     commit(root, "two seeds a cell")
     (line,) = collect(root)
     assert line.evidence.status == "registered, pending" and line.came == "before"
-    assert headline([line]).endswith("- w: pending\n")  # no figure of a partial study on the front page
+    assert headline([line]).endswith("1 claim, each with its rule committed before any run, decided once every "
+                                     "registered run is in ([findings](docs/findings.md)).\n")  # no partial figure
+    assert "- w" not in headline([line])  # nor its claims' words: the front page stays short while it runs
     write_csv(root / "results" / "tiny", RESULTS)
     commit(root, "every registered run")
     (line,) = collect(root)
@@ -89,7 +91,7 @@ def test_each_registered_study_has_its_own_paragraph_data_and_status(tmp_path):
     text = headline([line, other], root)
     first, second = text.split("\n\n**Pre-registered replication**")
     assert "- w: **reproduced**" in first and "pending" not in first and "0 of 6" not in first
-    assert second.startswith(" (mazes): `later`, registered, pending (0 of 6 runs in).") and "- v: pending" in second
+    assert second.startswith(" (mazes): `later`, registered, pending (0 of 6 runs in): 1 claim, each") and "- v" not in second
 
 
 def test_a_registered_studys_data_is_what_most_of_its_claims_say_else_their_common_start():

@@ -174,8 +174,9 @@ def _shared_data(data: Sequence[str]) -> str:
 def headline(lines: Sequence[Line], root: Optional[Path] = None) -> str:
     """results/findings_headline.md, the README's headline: what the pre-registered replications say, a
     paragraph a registered study (its data where its claims share them, its report where ``root`` holds one,
-    its status), then one line a registered claim (its verdict while every registered run is in, "pending"
-    before)."""
+    its status), then one line a registered claim with its verdict once every registered run is in; before
+    that, the paragraph alone counts its claims (their words are in the findings table): the README's first
+    screen stays short while studies run."""
     registered = [ln for ln in lines if ln.evidence.status in (CONFIRMATORY, PENDING)]
     if not registered:
         return "No pre-registered study yet: every finding below is exploratory.\n"
@@ -188,6 +189,12 @@ def headline(lines: Sequence[Line], root: Optional[Path] = None) -> str:
         status = "; ".join(sorted({ln.evidence.text for ln in mine}))
         if out:
             out.append("")
+        if all(ln.evidence.status == PENDING for ln in mine):
+            n = len(mine)
+            out.append(f"**Pre-registered replication**{f' ({data})' if data else ''}: {where}, {status}: "
+                       f"{n} claim{'s' if n != 1 else ''}, each with its rule committed before any run, decided "
+                       "once every registered run is in ([findings](docs/findings.md)).")
+            continue
         out += [f"**Pre-registered replication**{f' ({data})' if data else ''}: {where}, {status}. "
                 "Its claims, each with its rule committed before any run:", ""]
         # a pending row's figure is of the runs in so far: the headline waits for the registered n
