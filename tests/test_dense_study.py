@@ -118,6 +118,7 @@ def test_a_dense_study_runs_reports_and_decides(tmp_path):
     assert ex["size"] == 9 and len(ex["pred"]) == len(ex["image"]) == 24 and len(ex["image"][0]) == 6 * 24
     assert "Mazes solved (%) per test size" in report and "9: @10T" in report
     assert "What each maze stopping for itself gains over the fixed depth T" in report
+    assert "How the recurrent state and the path move past T" in report and "9: state x T→10T" in report
     for png in ("solved_vs_iterations.png", "maze_solved.png"):
         assert (study.results / png).stat().st_size > 1000 and png in report
     (tmp_path / "predict").mkdir()
@@ -188,3 +189,20 @@ def test_the_stable_rules_gain_over_T_is_paired_per_seed():
     rows = [{"stable": 0.5, "at_T": 0.2}, {"stable": 0.6, "at_T": 0.2}, {"stable": 0.9, "at_T": None}]
     assert _paired({"rows": rows}, "stable", "at_T") == "+35.0 ± 63.5"  # seeds 1, 2: +30, +40 (t = 12.71)
     assert _paired({"rows": rows[:1]}, "stable", "at_T") == "+30.0" and _paired({"rows": []}, "a", "b") == "-"
+
+
+def test_the_report_says_how_the_state_and_the_path_move_past_T():
+    from recurvit.tasks.dense.study import state_drift
+
+    def run(rms_T, rms_10T, recall, precision):  # T = 2: iterations 2 and 20 of a 20-step sweep
+        rms = [1.0] * 20
+        rms[1], rms[19] = rms_T, rms_10T
+        sw = {"state_rms": rms, "path_recall": [None] * 19 + [recall], "path_precision": [0.0] * 19 + [precision]}
+        return {"steps": 2, "maze_sweeps": {"9": sw, "13": sw}}
+
+    grows = {"cell": "conv", "rows": [run(1.0, 800.0, 0.02, 0.4), run(2.0, 4.0, 0.04, 0.2)]}
+    old = {"cell": "old", "rows": [{"steps": 2, "maze_sweeps": {"9": {"solved": [0.0] * 20}}}]}
+    text = "\n".join(state_drift([grows, old], [9, 13]))
+    assert "| `conv` | x800; x2 | 3.0 ± 12.7 | 30.0 ± 127.1 | x800; x2 |" in text
+    assert "`old`" not in text  # its sweeps stored no state (an earlier recurvit): left out, not a row of dashes
+    assert state_drift([old], [9, 13]) == [] and "9: state x T→10T" in text and "13: precision @10T" in text

@@ -177,6 +177,7 @@ def tables(cs: List[Dict[str, Any]], study) -> List[str]:
                        [[str(c[a]) for a in axes] + [_paired(c, f"rule_stable_solved_{s}", f"solved_{s}")
                                                      for s in sizes] for c in cs]) + [""]
     lines += anchor_gaps(cs)
+    lines += state_drift(cs, sizes)
     summary = plateau_summary([r for c in cs for r in c["rows"]])
     return lines + ([summary.replace("accuracy", "solved"), ""] if summary else [])
 
@@ -185,6 +186,44 @@ def _paired(c: Dict[str, Any], a: str, b: str) -> str:
     """Mean ± 95% half-width of the per-seed a − b of a cell's runs, in points ('-': no seed has both)."""
     return fmt_ci(mean_ci(paired_differences([r.get(a) for r in c["rows"]], [r.get(b) for r in c["rows"]])),
                   signed=True)
+
+
+def _sweep_at(r: Dict[str, Any], size: int, key: str, k: int) -> Optional[float]:
+    """A run's sweep figure ``key`` at size ``size`` after iteration ``k`` (None: not stored or not reached)."""
+    curve = ((r.get("maze_sweeps") or {}).get(str(size)) or {}).get(key)
+    return curve[k - 1] if curve and 0 < k <= len(curve) and curve[k - 1] is not None else None
+
+
+def state_drift(cs: List[Dict[str, Any]], sizes: List[int]) -> List[str]:
+    """How each cell's recurrent state and path move past T, at the training size and the largest: the growth
+    of the RMS state from T to 10T, each seed (``x12``; a state that keeps growing leaves the range its head
+    was trained on), and path recall and precision at 10T (recall falls when the path is erased, precision when
+    it spills into dead ends). Only for runs whose sweeps stored the state (recurvit after 8ca379b); nothing
+    when none did."""
+    def growth(r, s):
+        T = int(r.get("steps") or 0)
+        a, b = _sweep_at(r, s, "state_rms", T), _sweep_at(r, s, "state_rms", 10 * T)
+        return None if a is None or b is None or a <= 0 else b / a
+
+    shown = [s for s in dict.fromkeys(sizes[:1] + sizes[-1:])]
+    cells = [c for c in cs if any(growth(r, s) is not None for r in c["rows"] for s in shown)]
+    if not cells:
+        return []
+    head, body = ["cell"], []
+    for s in shown:
+        head += [f"{s}: state x T→10T, each seed", f"{s}: path recall @10T", f"{s}: precision @10T"]
+    for c in cells:
+        row = [f"`{c['cell']}`"]
+        for s in shown:
+            g = [growth(r, s) for r in c["rows"]]
+            row.append("; ".join(f"x{v:.3g}" for v in g if v is not None) or "-")
+            for key in ("path_recall", "path_precision"):
+                row.append(fmt_ci(mean_ci([_sweep_at(r, s, key, 10 * int(r.get("steps") or 0)) for r in c["rows"]])))
+        body.append(row)
+    return ["How the recurrent state and the path move past T (each run's sweep): the growth of each maze's RMS "
+            "state from T to 10T, each seed (a state that keeps growing leaves the range its head was trained on), "
+            "and path recall and precision at 10T, % (recall falls when the path is erased, precision when it "
+            "spills into dead ends):", ""] + table(head, body) + [""]
 
 
 def anchor_gaps(cs: List[Dict[str, Any]]) -> List[str]:
