@@ -173,3 +173,15 @@ def test_the_state_figures_do_not_depend_on_the_batching():
     assert one["state_rms"] == pytest.approx([float(z.pow(2).mean(1).sqrt().mean()) for z in states], rel=1e-6)
     assert one["state_rms"] == pytest.approx(split["state_rms"], rel=1e-6)
     assert one["state_change"][1:] == pytest.approx(split["state_change"][1:], rel=1e-6)
+
+
+def test_deepthinkings_max_conf_counts_only_the_open_pixels():
+    # pixel 0 is a wall (black), pixel 1 open; the path is pixel 1. Step 1: sure of the wall, unsure of the
+    # path (solved); step 2: unsure of the wall, sure of the wrong class on the open pixel (not solved)
+    logits = torch.tensor([[[5.0, -0.1], [-5.0, 0.1]], [[0.05, 1.5], [-0.05, -1.5]]])  # (K, C, W)
+    logits = logits[:, None, :, None, :]  # (K, B=1, C=2, H=1, W=2)
+    x = torch.tensor([[[[0.0, 1.0]]] * 3])  # (1, 3, 1, 2)
+    sw = maze_sweep(Scripted(logits), [(x, torch.tensor([[[0, 1]]]))], torch.device("cpu"), max_steps=2)
+    assert sw["solved"] == [1.0, 0.0]
+    assert sw["max_conf"]["steps"] == [1] and sw["max_conf"]["solved"] == 1.0  # every pixel: 0.775 > 0.739
+    assert sw["max_conf_open"]["steps"] == [2] and sw["max_conf_open"]["solved"] == 0.0  # open: 0.953 > 0.550

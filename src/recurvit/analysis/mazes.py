@@ -10,10 +10,11 @@ applications per batch (``model.iter_states``: no prefix is re-run), as :mod:`.h
 
 The rules, each image on its own:
 
-- ``max_conf`` (after DeepThinking's ``test_max_conf``): read out at the iteration of maximal confidence, the
-  mean over every pixel of the largest softmax probability (the first such iteration on a tie). DeepThinking
-  averages over the open pixels only (weighting by the input's brightest channel); here walls and frame,
-  which a network is soon sure of, count too, so the two can pick different iterations;
+- ``max_conf``: read out at the iteration of maximal confidence, the mean over every pixel of the largest
+  softmax probability (the first such iteration on a tie); walls and frame, which a network is soon sure
+  of, count too (the rule the registered maze studies evaluate);
+- ``max_conf_open``: DeepThinking's ``test_max_conf`` itself: the same, with each pixel's confidence
+  weighted by the input's brightest channel (0 on walls and frame), so only the open pixels count;
 - ``stable``: stop at the first iteration k >= ``min_steps`` whose predicted mask equals that of each of
   the ``patience`` iterations before it (never stable: read at K). An untrained or early network predicts
   the same empty mask for several steps: ``min_steps`` and ``patience`` are set before any test result
@@ -38,6 +39,7 @@ from ..run.outputs import save_figure, write_text
 
 FACTORS = (1, 2, 4, 8, 10, 16)  # solved at k x T for these k (when the sweep reaches them)
 SWEEPS_MARK = b'{"trained_steps": '  # how sweeps.json begins
+CONF_RULES = ("max_conf", "max_conf_open")  # the maximal-confidence readouts: over every pixel, over open ones
 PATIENCE = 3  # the stable rule's default patience (the study evaluator's and recurvit horizon's); minimum: T
 
 
@@ -63,7 +65,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
     (each image's root-mean-square state, averaged over images: a state that grows without bound drifts
     out of the range its head was trained on) and ``state_change`` (each image's RMS step z_k - z_{k-1}
     over the RMS of z_k; None at k = 1: how far the iteration is from a fixed point). Per rule
-    (``max_conf``, ``stable``): solved and the iterations used. See the module docstring. ``keep`` > 0:
+    (``max_conf``, ``max_conf_open``, ``stable``): solved and the iterations used. See the module docstring. ``keep`` > 0:
     also ``kept``, the first ``keep`` images of the first batch (uint8 (n, 3, H, W) in 0..255 as the loader
     gives them in [0, 1]), their targets and predicted masks at K (uint8 (n, H, W)), for a picture.
     ``example``: also ``example``, the first maze the stable rule solves (else the first maze): its image,
@@ -78,13 +80,13 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
     hit, marked, path_px = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64), 0
     state_rms, state_change = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64)
     pixels = n = 0
-    rules = {r: {"solved": 0, "steps": []} for r in ("max_conf", "stable")}
+    rules = {r: {"solved": 0, "steps": []} for r in (*CONF_RULES, "stable")}
     for x, y in loader:
         x, y = x.to(device), y.to(device)
         B = len(y)
-        best_conf = torch.full((B,), -1.0, device=device)
-        best_solved = torch.zeros(B, dtype=torch.bool, device=device)
-        best_step = torch.zeros(B, dtype=torch.long, device=device)
+        open_px = x.float().amax(1).flatten(1)  # (B, H*W) DeepThinking's weights: 0 on walls, else the brightest channel
+        best = {r: (torch.full((B,), -1.0, device=device), torch.zeros(B, dtype=torch.bool, device=device),
+                    torch.zeros(B, dtype=torch.long, device=device)) for r in CONF_RULES}  # conf, solved, step
         stopped = torch.zeros(B, dtype=torch.bool, device=device)
         stop_step = torch.full((B,), K, dtype=torch.long, device=device)
         stop_solved = torch.zeros(B, dtype=torch.bool, device=device)
@@ -106,11 +108,14 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
             solved_k[k - 1] += solved.sum().item()
             hit[k - 1] += (right & (y == 1)).sum().item()
             marked[k - 1] += (pred == 1).sum().item()
-            conf = F.softmax(logits, dim=1).amax(1).flatten(1).mean(1)
-            better = conf > best_conf
-            best_conf = torch.where(better, conf, best_conf)
-            best_solved = torch.where(better, solved, best_solved)
-            best_step = torch.where(better, torch.full_like(best_step, k), best_step)
+            p = F.softmax(logits, dim=1).amax(1).flatten(1)  # (B, H*W)
+            confs = {"max_conf": p.mean(1),
+                     "max_conf_open": (p * open_px).sum(1) / open_px.sum(1).clamp_min(1e-12)}
+            for r, conf in confs.items():
+                b_conf, b_solved, b_step = best[r]
+                better = conf > b_conf
+                best[r] = (torch.where(better, conf, b_conf), torch.where(better, solved, b_solved),
+                           torch.where(better, torch.full_like(b_step, k), b_step))
             if prev is not None:
                 same = (pred == prev).flatten(1).all(1)
                 unchanged = torch.where(same, unchanged + 1, torch.zeros_like(unchanged))
@@ -136,8 +141,9 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
                                     "last": pred[i].to(torch.uint8).cpu(), "step": int(stop_step[i]),
                                     "stopped": bool(stopped[i]), "solved": bool(stop_solved[i]),
                                     "solved_last": bool(solved[i])}
-        rules["max_conf"]["solved"] += int(best_solved.sum())
-        rules["max_conf"]["steps"] += best_step.tolist()
+        for r, (_, b_solved, b_step) in best.items():
+            rules[r]["solved"] += int(b_solved.sum())
+            rules[r]["steps"] += b_step.tolist()
         rules["stable"]["solved"] += int(stop_solved.sum())
         rules["stable"]["steps"] += stop_step.tolist()
         pixels += y.numel()
@@ -225,7 +231,9 @@ def summarize_mazes(sweeps: Mapping[int, Dict[str, object]], trained: int) -> Li
             at = f * trained - 1  # and how far the state has grown and still moves
             for key in ("path_recall", "path_precision", "state_rms", "state_change"):
                 row[f"{key}_{'' if f == 1 else f}T"] = sw[key][at] if key in sw and at < len(sw[key]) else None
-        for r in ("max_conf", "stable"):
+        for r in (*CONF_RULES, "stable"):
+            if r not in sw:  # a sweep stored before the rule existed
+                continue
             row.update({f"{r}_solved": sw[r]["solved"], f"{r}_steps_mean": sw[r]["steps_mean"],
                         f"{r}_steps_max": sw[r]["steps_max"]})
         rows.append(row)

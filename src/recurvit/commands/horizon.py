@@ -172,12 +172,14 @@ def _mazes(args, loaded) -> int:
           f"{args.mazes} test mazes a size; solved at")
     if note:
         print(f"  ({note})")
-    print(f"   size      T     2T     4T    10T   peak (iter)  max_conf  stable (mean iters; from iteration "
+    print(f"   size      T     2T     4T    10T   peak (iter)  max_conf  (open)  stable (mean iters; from iteration "
           f"{rule['min_steps']}, {rule['patience']} unchanged)")
     for r in rows:
         print(f"  {r['size']:>2}x{r['size']:<2} {pct(r['solved_T'])} {pct(r['solved_2T'])} {pct(r['solved_4T'])} "
-              f"{pct(r['solved_10T'])} {pct(r['solved_best'])} ({r['best_step']:>3})  {pct(r['max_conf_solved'])}"
+              f"{pct(r['solved_10T'])} {pct(r['solved_best'])} ({r['best_step']:>3})  {pct(r['max_conf_solved'])} {pct(r['max_conf_open_solved'])}"
               f"  {pct(r['stable_solved'])} ({r['stable_steps_mean']:.1f})")
+    print("  max_conf: the iteration of most confidence over every pixel; (open): over open pixels only, "
+          "DeepThinking's own")
     print("  peak: the most solved at any iteration of this test sweep (the curve's top, chosen on test: a "
           "description, not a choice; the study chooses its iteration on validation)")
     print("  path recall / precision (eroded past the answer: recall falls; spilled into dead ends: precision)")
