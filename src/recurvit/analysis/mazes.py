@@ -65,9 +65,9 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
     (each image's root-mean-square state, averaged over images: a state that grows without bound drifts
     out of the range its head was trained on) and ``state_change`` (each image's RMS step z_k - z_{k-1}
     over the RMS of z_k; None at k = 1: how far the iteration is from a fixed point). Per rule
-    (``max_conf``, ``max_conf_open``, ``stable``): solved and the iterations used. See the module docstring. ``keep`` > 0:
-    also ``kept``, the first ``keep`` images of the first batch (uint8 (n, 3, H, W) in 0..255 as the loader
-    gives them in [0, 1]), their targets and predicted masks at K (uint8 (n, H, W)), for a picture.
+    (``max_conf``, ``max_conf_open``, ``stable``): solved and the iterations used. See the module docstring.
+    ``keep`` > 0: also ``kept``, the first ``keep`` images of the first batch (uint8 (n, 3, H, W) in 0..255 as
+    the loader gives them in [0, 1]), their targets and predicted masks at K (uint8 (n, H, W)), for a picture.
     ``example``: also ``example``, the first maze the stable rule solves (else the first maze): its image,
     target, the mask where the rule stopped (``stop``, at iteration ``step``; ``stopped`` False: never stable,
     read at K) and the mask at K (``last``)."""
@@ -84,7 +84,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
     for x, y in loader:
         x, y = x.to(device), y.to(device)
         B = len(y)
-        open_px = x.float().amax(1).flatten(1)  # (B, H*W) DeepThinking's weights: 0 on walls, else the brightest channel
+        open_px = x.float().amax(1).flatten(1)  # (B, H*W) DeepThinking's weights: 0 on walls, else the brightest
         best = {r: (torch.full((B,), -1.0, device=device), torch.zeros(B, dtype=torch.bool, device=device),
                     torch.zeros(B, dtype=torch.long, device=device)) for r in CONF_RULES}  # conf, solved, step
         stopped = torch.zeros(B, dtype=torch.bool, device=device)

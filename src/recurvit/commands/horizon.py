@@ -176,7 +176,8 @@ def _mazes(args, loaded) -> int:
           f"{rule['min_steps']}, {rule['patience']} unchanged)")
     for r in rows:
         print(f"  {r['size']:>2}x{r['size']:<2} {pct(r['solved_T'])} {pct(r['solved_2T'])} {pct(r['solved_4T'])} "
-              f"{pct(r['solved_10T'])} {pct(r['solved_best'])} ({r['best_step']:>3})  {pct(r['max_conf_solved'])} {pct(r['max_conf_open_solved'])}"
+              f"{pct(r['solved_10T'])} {pct(r['solved_best'])} ({r['best_step']:>3})  {pct(r['max_conf_solved'])} "
+              f"{pct(r['max_conf_open_solved'])}"
               f"  {pct(r['stable_solved'])} ({r['stable_steps_mean']:.1f})")
     print("  max_conf: the iteration of most confidence over every pixel; (open): over open pixels only, "
           "DeepThinking's own")
@@ -191,8 +192,8 @@ def _mazes(args, loaded) -> int:
               "(0 at a fixed point)")
         for r in rows:
             print(f"  {r['size']:>2}x{r['size']:<2}  RMS {r['state_rms_T']:.3g} -> {r['state_rms_10T']:.3g} "
-                  f"(x{r['state_rms_10T'] / max(r['state_rms_T'], 1e-12):.3g})   change {r['state_change_T'] or 0:.3g} -> "
-                  f"{r['state_change_10T']:.3g}")
+                  f"(x{r['state_rms_10T'] / max(r['state_rms_T'], 1e-12):.3g})   change "
+                  f"{r['state_change_T'] or 0:.3g} -> {r['state_change_10T']:.3g}")
     pic = summary["picture"]
     if pic["stable_solved"]:
         how = f"solved by the stable rule at iteration {pic['stable_step']}"

@@ -37,7 +37,7 @@ CSV_HEADER = ["image", "rank", "label", "prob"]  # the first line of every --csv
 
 
 def run(args) -> int:
-    from ..export.predict import is_dense, check_dense_sides, image_files, predict, read_images
+    from ..export.predict import check_dense_sides, image_files, is_dense, predict, read_images
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.outputs import claim_file, write_text
