@@ -58,10 +58,10 @@ class DepthSampler:
 
     - fixed: always T.
     - uniform: k ~ U{min_steps, ..., max_steps} (max_steps default 2T).
+    - poisson_lognormal: k = 1 + Poisson(lambda), log(lambda) ~ N(log(T - 1) - sigma^2 / 2, sigma),
+      so E[k] = T with heavy tails (Huginn's recipe, Geiping et al. 2025), at most max_steps (default 4T).
 
     ``cap`` bounds k for cores that cannot run deeper than they are (a stack of L blocks).
-    - poisson_lognormal: k = 1 + Poisson(lambda), log(lambda) ~ N(log(T - 1) - sigma^2 / 2, sigma),
-      so E[k] = T with heavy tails (the looped-transformer robustness recipe).
     """
 
     def __init__(self, cfg: DepthConfig, nominal: int, generator: Optional[torch.Generator] = None,
