@@ -232,8 +232,6 @@ def summarize_mazes(sweeps: Mapping[int, Dict[str, object]], trained: int) -> Li
             for key in ("path_recall", "path_precision", "state_rms", "state_change"):
                 row[f"{key}_{'' if f == 1 else f}T"] = sw[key][at] if key in sw and at < len(sw[key]) else None
         for r in (*CONF_RULES, "stable"):
-            if r not in sw:  # a sweep stored before the rule existed
-                continue
             row.update({f"{r}_solved": sw[r]["solved"], f"{r}_steps_mean": sw[r]["steps_mean"],
                         f"{r}_steps_max": sw[r]["steps_max"]})
         rows.append(row)

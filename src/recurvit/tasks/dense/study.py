@@ -195,17 +195,17 @@ def _sweep_at(r: Dict[str, Any], size: int, key: str, k: int) -> Optional[float]
 
 
 def state_drift(cs: List[Dict[str, Any]], sizes: List[int]) -> List[str]:
-    """How each cell's recurrent state and path move past T, at the training size and the largest: the growth
-    of the RMS state from T to 10T, each seed (``x12``; a state that keeps growing leaves the range its head
-    was trained on), and path recall and precision at 10T (recall falls when the path is erased, precision when
-    it spills into dead ends). Only for runs whose sweeps stored the state (recurvit after 8ca379b); nothing
+    """How each cell's recurrent state and path move past T, at the smallest tested size (the training size in
+    the maze studies) and the largest: the growth of the RMS state from T to 10T, each seed (``x12``; a state
+    that keeps growing leaves the range its head was trained on), and path recall and precision at 10T (recall
+    falls when the path is erased, precision when it spills into dead ends). Only for runs whose sweeps stored the state (recurvit after 8ca379b); nothing
     when none did."""
     def growth(r, s):
         T = int(r.get("steps") or 0)
         a, b = _sweep_at(r, s, "state_rms", T), _sweep_at(r, s, "state_rms", 10 * T)
         return None if a is None or b is None or a <= 0 else b / a
 
-    shown = [s for s in dict.fromkeys(sizes[:1] + sizes[-1:])]
+    shown = list(dict.fromkeys(sizes[:1] + sizes[-1:]))  # one column group when a single size is tested
     cells = [c for c in cs if any(growth(r, s) is not None for r in c["rows"] for s in shown)]
     if not cells:
         return []
