@@ -189,14 +189,13 @@ def headline(lines: Sequence[Line], root: Optional[Path] = None) -> str:
         status = "; ".join(sorted({ln.evidence.text for ln in mine}))
         if out:
             out.append("")
+        title = f"**Pre-registered replication**{f' ({data})' if data else ''}: {where}, {status}"
         if all(ln.evidence.status == PENDING for ln in mine):
             n = len(mine)
-            out.append(f"**Pre-registered replication**{f' ({data})' if data else ''}: {where}, {status}: "
-                       f"{n} claim{'s' if n != 1 else ''}, each with its rule committed before any run, decided "
-                       "once every registered run is in ([findings](docs/findings.md)).")
+            out.append(f"{title}: {n} claim{'s' if n != 1 else ''}, each with its rule committed before any run, "
+                       "decided once every registered run is in ([findings](docs/findings.md)).")
             continue
-        out += [f"**Pre-registered replication**{f' ({data})' if data else ''}: {where}, {status}. "
-                "Its claims, each with its rule committed before any run:", ""]
+        out += [f"{title}. Its claims, each with its rule committed before any run:", ""]
         # a pending row's figure is of the runs in so far: the headline waits for the registered n
         out += [f"- {ln.claim.words}: **{ln.verdict}**. {ln.figure}" if ln.evidence.status == CONFIRMATORY
                 else f"- {ln.claim.words}: pending" for ln in mine]
