@@ -1,9 +1,10 @@
-"""recurvit study STUDY.yaml [--workers N] [--out DIR] [--only PATTERN ...] [--report-only] [--json]
+"""recurvit study STUDY.yaml [--workers N] [--out DIR] [--only PATTERN ...] [--report-only] [--join] [--json]
                            [--launcher submitit [--cluster slurm|local] [--partition P] [--gpus-per-run N]
                             [--cpus-per-run C] [--timeout-min M] [--mem-gb G] [--slurm-dir DIR] ...]
 
 ``--launcher local`` (default): runs in worker processes on this machine. ``--launcher submitit``:
-each pending run as a Slurm job through submitit (see recurvit/study/launch.py)."""
+each pending run as a Slurm job through submitit (see recurvit/study/launch.py). ``--join``: more workers
+for a study already running here or on a machine sharing the disk (each run is claimed by one worker)."""
 from __future__ import annotations
 
 import shlex
@@ -30,6 +31,10 @@ def add_parser(sub):
     p.add_argument("--only", nargs="+", default=(), metavar="PATTERN",
                    help="run only the runs whose id matches a pattern (shell-style: 'rk4__*' 'euler__seed=0'); "
                         "the report covers every finished run and names the ones not run yet")
+    p.add_argument("--join", action="store_true",
+                   help="work beside a `recurvit study` already running on the same study folder (another terminal, "
+                        "or a machine sharing the disk): train the runs no worker holds; the last worker to end "
+                        "writes the report (with no other worker, the same as without --join)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the report")
     c = p.add_argument_group("cluster (--launcher submitit)", "each pending run is one job; a preempted or timed-out "
                              "job is requeued and resumes from its last checkpoint; this command waits for the jobs "
@@ -91,16 +96,19 @@ def run(args) -> int:
         named = [f"--{k.replace('_', '-')}" for k in CLUSTER_FLAGS if getattr(args, k) is not None]
         if named:
             raise UserError(f"{', '.join(named)}: only with --launcher submitit")
+    if args.join and (args.report_only or args.launcher == "submitit"):
+        raise UserError("--join trains runs beside another local `recurvit study`; not with "
+                        + ("--report-only" if args.report_only else "--launcher submitit"))
     study = load_study(args.study)
     out = args.out or run_dir_root(study)
     if args.out is not None:  # --out moves everything the study writes, its results folder too
         study.results = Path(args.out) / "results"
-    with study_lock(Path(out), args.report_only):
-        return _run(args, study, Path(out), workers, opts if args.launcher == "submitit" else None)
+    with study_lock(Path(out), args.report_only, join=args.join) as writer:
+        return _run(args, study, Path(out), workers, opts if args.launcher == "submitit" else None, writer)
 
 
-def _run(args, study, out, workers, opts) -> int:
-    from ..study import collect, run_study, write_report
+def _run(args, study, out, workers, opts, writer: bool = True) -> int:
+    from ..study import collect, run_study
     from ..study.archive import archive, archived
 
     from ..run.outputs import output_dir
@@ -111,10 +119,9 @@ def _run(args, study, out, workers, opts) -> int:
     output_dir(study.results or out, "results folder")  # a file or a read-only place there: one line now, not
     if not args.report_only:  # after hours of runs
         output_dir(out / "runs", "runs folder")
-    from_table = False
+    from_table, saved = False, (study.results or out) / "results.csv"
     if args.report_only:
         rows = collect(out, study)
-        saved = (study.results or out) / "results.csv"
         for r in rows:  # a result the results folder does not keep yet (a run of an older runner)
             copy = archived(study, r.get("run_id", ""))
             if copy is not None and not copy.is_file() and "error" not in r:
@@ -133,6 +140,22 @@ def _run(args, study, out, workers, opts) -> int:
         rows = run_study_submitit(study, out, opts, progress=not args.json, log=log, only=args.only)
     else:
         rows = run_study(study, out, workers=workers, progress=not args.json, log=log, only=args.only)
+    if not writer:  # joined a running study: the report is the last worker's
+        with study_lock(out, join=True) as writer:
+            if writer:  # the others have ended (rows holds what they finished: runner.finished_elsewhere)
+                return _report(args, study, out, rows, from_table, saved)
+        failed = [r for r in rows if "error" in r]
+        if args.json:
+            print_json({"study": study.name, "runs": len(rows), "failed": len(failed), "report": None, "rows": rows})
+        print(f"recurvit study: this worker ended ({len(rows) - len(failed)} runs finished, {len(failed)} failed); "
+              "the worker still running writes the report when it ends", file=sys.stderr)
+        return 1 if failed else 0
+    return _report(args, study, out, rows, from_table, saved)
+
+
+def _report(args, study, out, rows, from_table, saved) -> int:
+    from ..study import write_report
+
     command = "recurvit study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["study"] else ""
     if args.report_only:  # the command that made the runs (the report's own), not the one that re-read them
         from ..study.report import report_command
@@ -161,9 +184,10 @@ def _run(args, study, out, workers, opts) -> int:
 
 
 @contextmanager
-def study_lock(out: Path, reading: bool = False):
-    """One writer for a study folder: a second `recurvit study` on the same folder is refused at once
-    (its runs would each be "in use" and its report would call them failed). The lock is a run
+def study_lock(out: Path, reading: bool = False, join: bool = False):
+    """One writer for a study folder's report: a second `recurvit study` on the same folder is refused at
+    once, unless it ``join``s (then this yields False: it trains beside the writer, each run under its claim,
+    :func:`recurvit.study.runner.run_one_safe`; True: this process is the writer). The lock is a run
     directory's (recurvit.run.lock), on STUDY/.study.lock."""
     from ..run import lock
     from ..run.outputs import output_dir
@@ -172,11 +196,14 @@ def study_lock(out: Path, reading: bool = False):
     try:
         fd = lock.acquire(out / ".study.lock")
     except lock.Busy as e:
+        if join:
+            yield False
+            return
         raise UserError(f"another `recurvit study` is writing {out} (pid {e.pid}); wait for it to end"
                         + ("" if reading else " (or give this one another --out)")) from None
     except OSError as e:  # (a full disk is DiskFull, one line already)
         raise UserError(f"cannot write in {out}: {e.strerror or e}; choose a writable --out") from None
     try:
-        yield
+        yield True
     finally:
         lock.release(fd)

@@ -45,8 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..errors import UserError
 from ..run.atomic import write_atomic
 from ..run.progress import show_progress
-from .archive import archive
-from .runner import _line, pending, run_one_safe
+from .runner import finished_elsewhere, pending, run_one_safe, take
 from .spec import Study
 
 CLUSTERS = ("slurm", "local")
@@ -166,16 +165,14 @@ def run_study_submitit(study: Study, out: Path, opts: ClusterOptions, progress: 
     by_out = {kw["out"]: kw for kw in todo}
     bar = tqdm(total=len(study.runs), initial=len(done), desc=study.name, disable=not show_progress(progress),
                dynamic_ncols=True)
-    waiting = dict(jobs)
+    waiting, held = dict(jobs), []
     try:
         while waiting:
             for key, job in list(waiting.items()):
                 if job.done():
-                    done.append(_row(job, by_out[key]))
-                    archive(study, done[-1])
+                    take(study, _row(job, by_out[key]), done, held, log)
                     del waiting[key]
                     bar.update()
-                    log(f"  {_line(done[-1])}")
             if waiting:
                 bar.set_postfix_str(_states(waiting.values()))
                 time.sleep(opts.poll_s)
@@ -185,6 +182,7 @@ def run_study_submitit(study: Study, out: Path, opts: ClusterOptions, progress: 
             f"({', '.join(str(j.job_id) for j in waiting.values())}); run the same command again to collect them")
         raise
     bar.close()
+    done += finished_elsewhere(study, out, held, log)
     order = {s.run_id: i for i, s in enumerate(study.runs)}
     return sorted(done, key=lambda r: order.get(r["run_id"], 1 << 30))
 

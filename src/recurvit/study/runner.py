@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import UserError
+from ..run import lock
 from ..run.atomic import write_atomic
 from ..run.progress import show_progress
 from ..run.rundir import RunDir
@@ -69,17 +70,48 @@ def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dic
     return res
 
 
+def claim_path(out: Path) -> Path:
+    """The lock a worker holds on a run (``<study>/runs/<id>``) for the whole of its training, evaluation and
+    result: ``<study>/.claims/<id>.lock`` (not in the run directory: its own lock covers the training only,
+    and a file in a run directory not yet made would stop it being created)."""
+    return out.parent.parent / ".claims" / f"{out.name}.lock"
+
+
 def run_one_safe(kw: Dict[str, Any]) -> Dict[str, Any]:
-    """run_one, but a run that fails (diverged, bad option, or any crash) is reported as a failed run
-    of the study, not fatal to the others."""
+    """run_one under the run's claim; a run that fails (diverged, bad option, or any crash) is reported
+    as a failed run of the study, not fatal to the others. A run another worker claims (``--join``, a
+    second node on the same disk) is not touched: ``{"run_id", ..., "held": its pid}``; one that another
+    worker finished since the list of runs to do was made is its stored result."""
+    out = Path(kw["out"])
+    try:
+        claim_path(out).parent.mkdir(parents=True, exist_ok=True)
+        fd = lock.acquire(claim_path(out))
+    except lock.Busy as e:
+        return {"run_id": out.name, **kw["labels"], "held": e.pid}
+    except (OSError, UserError) as e:
+        return _failed(kw, e)
+    try:
+        res = read_result(out / "result.json") if (out / "result.json").is_file() else None
+        if res is not None and res.get("overrides") == kw["overrides"] and not missing(kw["eval_spec"], res):
+            return _with_training_cost(out, res)  # finished by another worker in the meantime
+        return _run_one_reported(kw)
+    finally:
+        lock.release(fd)
+
+
+def _run_one_reported(kw: Dict[str, Any]) -> Dict[str, Any]:
     try:
         return run_one(**kw)
     except Exception as e:  # noqa: BLE001  (one run's failure must not lose the study's report)
-        msg = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        out = Path(kw["out"])
-        if out.is_dir():
-            (out / "error.txt").write_text(msg + "\n")
-        return {"run_id": out.name, **kw["labels"], "error": msg}
+        return _failed(kw, e)
+
+
+def _failed(kw: Dict[str, Any], e: BaseException) -> Dict[str, Any]:
+    msg = str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    out = Path(kw["out"])
+    if out.is_dir():
+        (out / "error.txt").write_text(msg + "\n")
+    return {"run_id": out.name, **kw["labels"], "error": msg}
 
 
 # ------------------------------------------------------------------------------------ the study
@@ -151,23 +183,48 @@ def run_study(study: Study, out: Path, workers: int = 1, progress: bool = True, 
         + estimate(done, [kw for kw in todo if kw.get("previous") is None], workers))
     bar = tqdm(total=len(study.runs), initial=len(done), desc=study.name, disable=not show_progress(progress),
                dynamic_ncols=True)
+    held: List[str] = []
     if workers <= 1:
         for kw in todo:
             bar.set_postfix_str(Path(kw["out"]).name)
-            done.append(run_one_safe(kw))
-            archive(study, done[-1])
+            take(study, run_one_safe(kw), done, held, log)
             bar.update()
-            log(f"  {_line(done[-1])}")
     else:
         threads = max(1, (os.cpu_count() or 1) // workers)
         for res in in_processes(run_one_safe, todo, workers, threads):
-            done.append(res)
-            archive(study, done[-1])
+            take(study, res, done, held, log)
             bar.update()
-            log(f"  {_line(done[-1])}")
     bar.close()
+    done += finished_elsewhere(study, out, held, log)
     order = {s.run_id: i for i, s in enumerate(study.runs)}
     return sorted(done, key=lambda r: order.get(r["run_id"], 1 << 30))
+
+
+def take(study: Study, res: Dict[str, Any], done: List[Dict[str, Any]], held: List[str], log=print) -> None:
+    """A worker's answer: a finished or failed run joins ``done`` (a finished one is kept in the results
+    folder); a run another worker holds joins ``held`` (see :func:`finished_elsewhere`)."""
+    if "held" in res:
+        held.append(res["run_id"])
+        log(f"  {res['run_id']}: another worker holds it (pid {res['held']}); left to that worker")
+        return
+    done.append(res)
+    archive(study, res)
+    log(f"  {_line(res)}")
+
+
+def finished_elsewhere(study: Study, out: Path, held: Sequence[str], log=print) -> List[Dict[str, Any]]:
+    """The results of the runs ``held`` by other workers that those finished by now."""
+    specs = {s.run_id: s for s in study.runs}
+    found = []
+    for run_id in held:
+        spec = specs[run_id]
+        res = _stored(out / "runs" / run_id, study, spec.overrides)
+        if res is not None and not missing(study.eval_for(spec.labels), res):
+            found.append(res)
+    if len(found) < len(held):
+        log(f"{len(held) - len(found)} run(s) still held by other workers: this report names them as not run "
+            "yet; the last worker to end (`--join`) or `--report-only` then writes the whole report")
+    return found
 
 
 def _line(r: Dict[str, Any]) -> str:
