@@ -33,7 +33,8 @@ def test_the_vae_schema_is_checked_by_the_same_declarations():
 
 def test_one_optimizer_schema_serves_every_task():
     optim = {f.name for f in dataclasses.fields(OptimConfig)}
-    assert optim == {"epochs", "batch_size", "lr", "min_lr", "weight_decay", "warmup_epochs", "betas", "grad_clip"}
+    assert optim == {"epochs", "batch_size", "lr", "min_lr", "weight_decay", "warmup_epochs", "betas", "grad_clip",
+                     "optimizer", "warmup", "lr_schedule", "lr_milestones", "lr_factor", "block_lr_scale", "lr_throttle"}
     for schema in (TrainConfig, VAETrainConfig):
         assert issubclass(schema, OptimConfig) and optim <= {f.name for f in dataclasses.fields(schema)}
     assert VAETrainConfig().lr != TrainConfig().lr  # each task keeps its own defaults

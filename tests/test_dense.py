@@ -194,7 +194,8 @@ def test_every_maze_config_builds_its_model_and_the_vit_matches_the_anchor():
         model = ckpt_io.build_model_from_config(resolve_model_config(cfg, info))
         assert model(torch.rand(1, 3, 32, 32)).shape == (1, 2, 32, 32)  # a larger maze runs
         params[path.stem] = sum(p.numel() for p in model.parameters())
-    regimes = {name.split("_", 1)[1] for name in params if f"dt_{name.split('_', 1)[1]}" in params}
+    regimes = {name.split("_", 1)[1] for name in params  # the regimes with both a conv and a ViT config
+               if {f"dt_{name.split('_', 1)[1]}", f"vit_{name.split('_', 1)[1]}"} <= set(params)}
     assert {"naive", "recall", "recall_prog", "random_depth", "deep_supervision"} <= regimes
     assert params["vit_rope_recall_prog"] == params["vit_recall_prog"] - 144 * 32  # the position ablation: no embedding
     assert params["vit_mixffn_recall_prog"] == params["vit_rope_recall_prog"] + 128 * 10  # + 3x3 depthwise kernels, biases

@@ -21,6 +21,11 @@ from .model_fields import ViTFields, options_field, preset_schema
 AMP_MODES = ("auto", "bf16", "off")
 WEIGHTINGS = ("uniform", "linear", "last")  # deep-supervision weights over the stages (train/losses.py)
 SCHEDULES = ("fixed", "uniform", "poisson_lognormal")  # per-batch depth schedules (train/losses.py)
+OPTIMIZERS = ("adamw", "adam_l2")  # train/optim.py
+LR_SCHEDULES = ("cosine", "step")
+WARMUPS = ("linear", "exponential")
+LOSS_MASKS = ("all", "open")  # the dense task's pixels the loss averages over
+SOLVED = ("strict", "open")  # the dense task's solved figure that chooses best.pt
 
 
 def choice(default: str, choices: tuple) -> Any:
@@ -108,8 +113,10 @@ class DepthConfig:
 
 @dataclass
 class OptimConfig:
-    """The optimizer and schedule every task trains with (AdamW, linear warmup, cosine to ``min_lr``;
-    train/optim.py): one schema, each task's ``train`` section derives from it with its own defaults."""
+    """The optimizer and schedule every task trains with (by default AdamW, linear warmup, cosine to
+    ``min_lr``; DeepThinking's recipe: ``optimizer=adam_l2 warmup=exponential lr_schedule=step
+    lr_throttle=true grad_clip=0``; train/optim.py): one schema, each task's ``train`` section derives
+    from it with its own defaults."""
 
     epochs: int = 20
     batch_size: int = 128
@@ -119,6 +126,20 @@ class OptimConfig:
     warmup_epochs: float = 1.0
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: float = 1.0  # max global grad norm; 0 disables
+    # adamw: decay decoupled from the gradient (Loshchilov & Hutter); adam_l2: torch.optim.Adam, weight_decay
+    # added to the gradient as an L2 term and rescaled by Adam's moments (DeepThinking's "adam")
+    optimizer: str = choice("adamw", OPTIMIZERS)
+    # linear: lr ramps per iteration over warmup_epochs; exponential: DeepThinking's, set once an epoch:
+    # epoch e (from 0) trains at lr * (1 - exp(-(e + 1) / warmup_epochs)), at lr once e + 1 >= warmup_epochs
+    warmup: str = choice("linear", WARMUPS)
+    # cosine: to min_lr at the last iteration; step: lr * lr_factor ** (milestones passed), a milestone an
+    # epoch index of lr_milestones (torch's MultiStepLR stepped once an epoch)
+    lr_schedule: str = choice("cosine", LR_SCHEDULES)
+    lr_milestones: List[int] = field(default_factory=list)
+    lr_factor: float = 0.1
+    block_lr_scale: float = 1.0  # lr multiplier of the core's blocks (a recurrent core's ONE shared block)
+    # DeepThinking's lr_throttle: the core's blocks train at lr / T (T the trained depth); x block_lr_scale
+    lr_throttle: bool = False
 
 
 @dataclass
@@ -133,8 +154,15 @@ class TrainConfig(OptimConfig):
     progress: bool = True  # tqdm bars on a terminal; in a pipe or log, a progress line every minute
     log_every: int = 0  # > 0: a `Train: epoch [i/N]` log line every N batches (cluster logs); 0: none
     tensorboard: bool = False  # also write TensorBoard event files in RUN/tb (needs the [tb] extra)
+    keep_every: int = 0  # > 0: also keep the model of every N-th epoch as epoch_NNNN.pt (a budget curve); 0: none
     supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
     depth: DepthConfig = field(default_factory=DepthConfig)
+    # the dense task (mazes): all: the loss averages over every pixel; open: over the pixels whose input's
+    # brightest channel is > 0 (DeepThinking's mazes mask: walls and frame left out)
+    loss_mask: str = choice("all", LOSS_MASKS)
+    # the dense task's solved figure that chooses best.pt: strict, every pixel right; open, DeepThinking's
+    # (its predictions on walls zeroed: every open pixel right). Both are reported
+    solved: str = choice("strict", SOLVED)
 
 
 @dataclass

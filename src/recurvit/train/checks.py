@@ -113,8 +113,16 @@ def _check_more(cfg: RunConfig) -> None:
     if m.steps is not None and m.steps >= 1 and t.supervision.stages > m.steps:  # was clamped to the steps in silence
         raise UserError(f"train.supervision.stages={t.supervision.stages} is more than model.steps={m.steps} "
                         f"(one readout a step at most); choose stages <= {m.steps}")
+    if t.keep_every < 0:
+        raise UserError(f"train.keep_every must be >= 0 (0: keep no epoch's model), got {t.keep_every}")
     if t.log_every < 0:
         raise UserError(f"train.log_every must be >= 0 (0: no log lines), got {t.log_every}")
+    for key in ("block_lr_scale", "lr_factor"):
+        value = getattr(t, key)
+        if not (_number(value) and math.isfinite(value) and value > 0):
+            raise UserError(f"train.{key} must be a finite number > 0, got {value}")
+    if any(ms < 0 for ms in t.lr_milestones):
+        raise UserError(f"train.lr_milestones are epoch indices >= 0, got {list(t.lr_milestones)}")
     if not (_number(d.sigma) and math.isfinite(d.sigma) and d.sigma > 0):
         raise UserError(f"train.depth.sigma must be a finite number > 0, got {d.sigma}")
     if d.truncate < 0:

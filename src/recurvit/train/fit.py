@@ -152,6 +152,9 @@ def _fit(task, run: RunDir, resume: bool, log, stop_after: Optional[int], env: d
         run.save("last.pt", {**record, "optimizer": task.opt.state_dict(), "scheduler": task.sched.state_dict(),
                              "best_score": best, "train_seconds": elapsed, "train_cpu_seconds": cpu, "rng": rng,
                              "metrics": metrics, **extra})
+        keep = getattr(tc, "keep_every", 0)
+        if keep and (epoch + 1) % keep == 0:  # the model as it was at this epoch, kept for a budget curve
+            run.save(f"epoch_{epoch + 1:04d}.pt", {**record, "metrics": metrics})
         line = task.epoch_line(metrics)
         if line:
             log(line)

@@ -14,7 +14,9 @@ from typing import Any, Dict, Iterable, List, Tuple
 
 from ..errors import UserError
 
-FIXED_TRAIN_KEYS = ("train.seed", "train.batch_size", "train.supervision.per_stage_heads")  # (heads are model)
+# (heads are model; the block's lr groups are the optimizer state's layout)
+FIXED_TRAIN_KEYS = ("train.seed", "train.batch_size", "train.supervision.per_stage_heads", "train.block_lr_scale",
+                    "train.lr_throttle")
 MUTABLE_DATA_KEYS = ("data.root", "data.num_workers")
 
 Change = Tuple[str, Any, Any]  # (dotted key, old value, new value)

@@ -128,6 +128,10 @@ class ClassifyTask(Task):
         if self.cfg.train.depth.progressive:
             raise UserError(f"train.depth.progressive={self.cfg.train.depth.progressive:g}: the progressive loss is "
                             f"the dense task's (data.name=mazes); set it to 0 for classification")
+        for key, plain in (("loss_mask", "all"), ("solved", "strict")):
+            if getattr(self.cfg.train, key) != plain:
+                raise UserError(f"train.{key}={getattr(self.cfg.train, key)} is the dense task's (data.name=mazes); "
+                                f"set it to {plain} for classification")
 
     def out_of_memory(self, e):
         return out_of_memory(self.cfg, e)

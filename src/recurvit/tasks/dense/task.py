@@ -6,8 +6,10 @@ The model gives per-pixel logits (B, classes, H, W) (``DTNet``, or a ViT with ``
 the targets are masks (B, H, W). The loss is the pixel cross-entropy, over the drawn depth's readouts as
 classification weighs them (deep supervision, random depth, truncation: ``train.supervision`` /
 ``train.depth``), mixed with Bansal et al.'s progressive loss when ``train.depth.progressive`` = alpha > 0
-(``losses.progressive_logits``). Two figures: pixel accuracy and **solved**, the share of images with
-every pixel right.
+(``losses.progressive_logits``). With ``train.loss_mask=open`` every term averages over the open pixels
+only (the input's brightest channel > 0: DeepThinking's mazes mask, walls and frame left out). Figures: pixel
+accuracy, **solved** (the share of images with every pixel right) and **solved_open** (DeepThinking's: its
+predictions on walls zeroed, every open pixel right); ``train.solved`` names the one that chooses best.pt.
 
 The validation split (at the training size) is evaluated every ``train.eval_every`` epochs and chooses
 best.pt (``val_solved``); the last epoch adds the test split at every size of ``data.maze_test_sizes``
@@ -44,34 +46,57 @@ from ..classify.task import ClassifyTask
 
 
 # ------------------------------------------------------------------------------ figures
+def open_pixels(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, W) True where the image (B, C, H, W) is not black in every channel: a maze's open squares
+    (DeepThinking's utils/training.py mask, ``inputs.max(dim=1) > 0``; the loader's mean is 0)."""
+    return x.amax(1) > 0
+
+
+def pixel_loss(logits: torch.Tensor, target: torch.Tensor, mask: Optional[torch.Tensor] = None,
+               label_smoothing: float = 0.0) -> torch.Tensor:
+    """The pixel cross-entropy of logits (B, C, H, W), averaged over every pixel or over ``mask`` (B, H, W)
+    alone (DeepThinking: ``loss[mask > 0].mean()``, one mean over the batch's open pixels)."""
+    if mask is None:
+        return F.cross_entropy(logits.float(), target, label_smoothing=label_smoothing)
+    per = F.cross_entropy(logits.float(), target, reduction="none", label_smoothing=label_smoothing)
+    return per[mask].mean()
+
+
 @torch.no_grad()
-def dense_counts(logits: torch.Tensor, target: torch.Tensor) -> Dict[str, int]:
-    """Pixels right, pixels, and images with every pixel right, for logits (B, C, H, W) and target (B, H, W)."""
+def dense_counts(logits: torch.Tensor, target: torch.Tensor, open_px: Optional[torch.Tensor] = None) -> Dict[str, int]:
+    """Pixels right, pixels, images with every pixel right and (given ``open_px``, (B, H, W)) images
+    with every open pixel right, for logits (B, C, H, W) and target (B, H, W)."""
     right = logits.argmax(1) == target  # (B, H, W)
-    return {"correct": int(right.sum()), "pixels": right.numel(), "solved": int(right.flatten(1).all(1).sum()),
-            "n": len(target)}
+    out = {"correct": int(right.sum()), "pixels": right.numel(), "solved": int(right.flatten(1).all(1).sum()),
+           "n": len(target)}
+    if open_px is not None:  # DeepThinking's get_predicted: predictions on walls zeroed (targets are 0 there)
+        out["solved_open"] = int((right | ~open_px).flatten(1).all(1).sum())
+    return out
 
 
 @torch.no_grad()
 def evaluate_dense(model: nn.Module, loader: Iterable, device: torch.device, steps: Optional[int] = None,
                    amp: str = "auto", env: Optional[dist_io.DistEnv] = None) -> Dict[str, float]:
-    """Pixel loss, pixel accuracy and solved (share of images with every pixel right) at ``steps``
-    (default: the trained depth); in a process group, of the whole set (each rank's shard all-reduced)."""
+    """Pixel loss, pixel accuracy, solved (share of images with every pixel right) and solved_open
+    (DeepThinking's: every open pixel right) at ``steps`` (default: the trained depth); in a process
+    group, of the whole set (each rank's shard all-reduced)."""
     model.eval()
     k = model.core.check_steps(steps)
-    loss_sum, correct, pixels, solved, n = 0.0, 0, 0, 0, 0
+    loss_sum, correct, pixels, solved, solved_open, n = 0.0, 0, 0, 0, 0, 0
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, amp):
             logits = model(x, steps=k)
-        c = dense_counts(logits, y)
+        c = dense_counts(logits, y, open_pixels(x))
         loss_sum += F.cross_entropy(logits.float(), y).item() * len(y)
         correct, pixels, solved, n = correct + c["correct"], pixels + c["pixels"], solved + c["solved"], n + c["n"]
+        solved_open += c["solved_open"]
     env = dist_io.current() if env is None else env
     if env.enabled:
-        loss_sum, correct, pixels, solved, n = env.all_reduce_sum([loss_sum, correct, pixels, solved, n], device)
+        loss_sum, correct, pixels, solved, solved_open, n = env.all_reduce_sum(
+            [loss_sum, correct, pixels, solved, solved_open, n], device)
     return {"loss": loss_sum / max(n, 1), "accuracy": correct / max(pixels, 1), "solved": solved / max(n, 1),
-            "n": int(round(n))}
+            "solved_open": solved_open / max(n, 1), "n": int(round(n))}
 
 
 # -------------------------------------------------------------------------------- one epoch
@@ -191,12 +216,19 @@ class DenseTask(ClassifyTask):
         with amp():
             logits_at, prog_logits = forward(x, steps=k, at=at, grad_last=tc.depth.truncate or None,
                                              progressive=prog, full=alpha < 1)
-        full_loss = supervised_loss(logits_at, y, w, tc.label_smoothing) if logits_at is not None else None
-        prog_loss = F.cross_entropy(prog_logits.float(), y, label_smoothing=tc.label_smoothing) if prog is not None else None
+        mask = open_pixels(x) if tc.loss_mask == "open" else None
+        if logits_at is None:
+            full_loss = None
+        elif mask is None:
+            full_loss = supervised_loss(logits_at, y, w, tc.label_smoothing)
+        else:
+            full_loss = sum(ws * pixel_loss(lg, y, mask, tc.label_smoothing) for ws, lg in zip(w.tolist(), logits_at))
+        prog_loss = pixel_loss(prog_logits, y, mask, tc.label_smoothing) if prog is not None else None
         loss = progressive_mix(full_loss, prog_loss, alpha)
-        c = dense_counts(logits_at[-1] if logits_at is not None else prog_logits, y)
+        c = dense_counts(logits_at[-1] if logits_at is not None else prog_logits, y, open_pixels(x))
         return Step(loss, len(y), {"loss": loss.detach()},
-                    {"correct": c["correct"], "pixels": c["pixels"], "solved": c["solved"]})
+                    {"correct": c["correct"], "pixels": c["pixels"], "solved": c["solved"],
+                     "solved_open": c["solved_open"]})
 
     def progress(self, totals):
         return {"loss": f"{totals.mean('loss'):.4f}", "acc": f"{totals.total('correct') / max(totals.total('pixels'), 1):.4f}",
@@ -205,14 +237,16 @@ class DenseTask(ClassifyTask):
     def epoch_metrics(self, totals, seconds):
         return {"lr": self.sched.get_last_lr()[0], "train_loss": totals.mean("loss"),
                 "train_acc": totals.total("correct") / max(totals.total("pixels"), 1),
-                "train_solved": totals.total("solved") / max(totals.n, 1), "img_per_s": totals.n / seconds,
+                "train_solved": totals.total("solved") / max(totals.n, 1),
+                "train_solved_open": totals.total("solved_open") / max(totals.n, 1), "img_per_s": totals.n / seconds,
                 "seconds": seconds}
 
     def evaluate(self, env):
         amp, out = self.cfg.train.amp, {}
         with torch.random.fork_rng(devices=[]):  # evaluating must not move the run's random streams
             ev = evaluate_dense(self.model, self.val_loader, self.device, amp=amp, env=env)
-            out.update(val_loss=ev["loss"], val_acc=ev["accuracy"], val_solved=ev["solved"])
+            out.update(val_loss=ev["loss"], val_acc=ev["accuracy"], val_solved=ev["solved"],
+                       val_solved_open=ev["solved_open"])
             if self.epoch + 1 == self.cfg.train.epochs:
                 out.update(self._test_every_size(env))
         return out
@@ -224,26 +258,31 @@ class DenseTask(ClassifyTask):
             loader = DataLoader(data, batch_size=self.val_loader.batch_size, shuffle=False, sampler=sampler)
             ev = evaluate_dense(self.model, loader, self.device, amp=self.cfg.train.amp, env=env)
             out.update({f"test_loss_{size}": ev["loss"], f"test_acc_{size}": ev["accuracy"],
-                        f"test_solved_{size}": ev["solved"]})
+                        f"test_solved_{size}": ev["solved"], f"test_solved_open_{size}": ev["solved_open"]})
             if size == self.cfg.data.maze_size:
-                out.update(test_loss=ev["loss"], test_acc=ev["accuracy"], test_solved=ev["solved"])
+                out.update(test_loss=ev["loss"], test_acc=ev["accuracy"], test_solved=ev["solved"],
+                           test_solved_open=ev["solved_open"])
         return out
 
     def epoch_line(self, metrics):
         if "val_solved" not in metrics:
             return None
-        sizes = "  ".join(f"solved@{k.rsplit('_', 1)[1]} {v:.3f}" for k, v in metrics.items()
-                          if k.startswith("test_solved_"))
+        open_ = self.cfg.train.solved == "open"  # the figure best.pt is chosen on, DeepThinking's, shown too
+        key = "test_solved_open_" if open_ else "test_solved_"
+        sizes = "  ".join(f"solved@{k[len(key):]} {v:.3f}" for k, v in metrics.items()
+                          if k.startswith(key) and k[len(key):].isdigit())
+        dt = f"val_solved_open {metrics['val_solved_open']:.3f}  " if open_ else ""
         return (f"epoch {metrics['epoch']:>3}/{self.cfg.train.epochs}  loss {metrics['train_loss']:.4f}  "
                 f"train_solved {metrics['train_solved']:.3f}  val_acc {metrics['val_acc']:.4f}  "
-                f"val_solved {metrics['val_solved']:.3f}  {sizes + '  ' if sizes else ''}"
+                f"val_solved {metrics['val_solved']:.3f}  {dt}{sizes + '  ' if sizes else ''}"
                 f"{metrics['img_per_s']:.0f} img/s  {metrics['seconds']:.1f}s")
 
     def score(self, metrics, last):
-        return metrics.get("val_solved")
+        return metrics.get("val_solved_open" if self.cfg.train.solved == "open" else "val_solved")
 
     def best_files(self, record, metrics):
-        return {"best.pt": {**record, "val_solved": metrics["val_solved"], "val_acc": metrics["val_acc"]}}
+        return {"best.pt": {**record, "val_solved": metrics["val_solved"], "val_acc": metrics["val_acc"],
+                            "val_solved_open": metrics["val_solved_open"]}}
 
 
 DATA_TASKS.update({name: DenseTask for name in DENSE})  # `recurvit train` with data.name=mazes trains this task
