@@ -183,3 +183,61 @@ def test_the_anchor_config_holds_deepthinkings_values():
     assert (t.lr_throttle, t.warmup, t.warmup_epochs, t.lr_schedule, list(t.lr_milestones), t.lr_factor) == \
         (True, "exponential", 10, "step", [100], 0.1)
     assert (t.grad_clip, t.loss_mask, t.solved, t.depth.progressive, t.amp) == (0, "open", "open", 0.01, "off")
+
+
+# ------------------------------------------------------------------ the bounded recurrence (issue 55)
+VIT = ["data.name=mazes", "data.maze_train=64", "data.maze_val=32", "data.maze_test=16", "data.maze_test_sizes=[9]",
+       "model.name=bvit_tiny", "model.embed_dim=16", "model.num_heads=2", "model.patch_size=4", "model.dense=true",
+       "model.dynamic_img_size=true", "model.class_token=false", "model.global_pool=avg", "model.pos_embed=none",
+       "model.mlp_conv=true", "model.reinject=true", "model.steps=4", "train.batch_size=32", "train.progress=false",
+       "train.device=cpu", "train.warmup_epochs=0"]
+
+
+def _vit(**kw):
+    torch.manual_seed(0)
+    return create_model("bvit_tiny", img_size=24, in_chans=3, num_classes=2, embed_dim=16, num_heads=2, patch_size=4,
+                        dense=True, class_token=False, global_pool="avg", pos_embed="none", mlp_conv=True,
+                        reinject=True, steps=4, **kw)
+
+
+def test_stepped_logits_from_the_embedding_are_forward_steps_and_a_random_start_is_not():
+    from recurvit.train.losses import random_start, stepped_logits
+    model = _vit().eval()
+    x = torch.rand(2, 3, 24, 24)
+    with torch.no_grad():
+        ref = model.forward_steps(x, steps=4, at=[2, 4])
+        assert torch.equal(stepped_logits(model, x, 4, [2, 4]), ref)
+        noisy = stepped_logits(model, x, 4, [2, 4], start_gen=torch.Generator().manual_seed(1))
+    assert noisy.shape == ref.shape and not torch.allclose(noisy, ref)
+    z = torch.randn(3, 5, 7) * 4.0
+    r = random_start(z, torch.Generator().manual_seed(0))
+    assert r.shape == z.shape and float(r.pow(2).mean().sqrt()) == pytest.approx(float(z.pow(2).mean().sqrt()), rel=0.2)
+
+
+def test_a_damped_euler_step_on_the_state_subtracted_field_is_a_fixed_point_iteration():
+    """The bounded recurrence: euler with h < 1 on dz/dt = F(z) - z is z + h (F(z) - z) = (1 - h) z + h F(z),
+    the Krasnoselskii-Mann iteration of F, which rests exactly where z = F(z)."""
+    h = 0.5
+    model = _vit(core="ode", field="state_subtracted", method="euler", t_end=4 * h).eval()
+    x = torch.rand(2, 3, 24, 24)
+    with torch.no_grad():
+        states = list(model.iter_states(x, 4))
+        z, x0 = model.embed(x), model.embed(x)
+        block = model.blocks[0]
+        for k in range(4):
+            F_z = model.core.cond(block, z, k, x0, step=k + 1)  # the block's output: F(z) (with re-injection)
+            z = (1 - h) * z + h * F_z
+            assert torch.allclose(states[k], z, atol=1e-5), k
+
+
+def test_random_start_trains_the_maze_vit_and_is_refused_where_the_input_would_be_lost(tmp_path):
+    cfg = load_config(None, VIT + ["train.epochs=1", "train.depth.random_start=0.5", "train.depth.progressive=0.01",
+                                   "model.core=ode", "model.method=euler", "model.t_end=2"])
+    result = train(cfg, tmp_path / "run", **QUIET)
+    assert 0 <= result["val_solved"] <= 1
+    assert "random_start_rng" in torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    with pytest.raises(UserError, match="random_start starts the recurrence from noise.*reinject"):
+        train(load_config(None, VIT + ["train.epochs=1", "train.depth.random_start=0.5", "model.reinject=false"]),
+              tmp_path / "no", **QUIET)
+    with pytest.raises(UserError, match=r"random_start \(a probability\) must be in \[0, 1\]"):
+        train(load_config(None, VIT + ["train.depth.random_start=2"]), tmp_path / "bad", **QUIET)

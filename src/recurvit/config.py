@@ -109,6 +109,10 @@ class DepthConfig:
     # Bansal et al.'s progressive loss weight alpha (dense task; 0: off): loss = (1 - alpha) * the drawn depth's
     # loss + alpha * the loss after n ~ U{0..K-1} steps without gradient and k ~ U{1..K-n} steps with it
     progressive: float = 0.0
+    # dense task: the probability that a training batch starts its recurrence from Gaussian noise (scaled to the
+    # embedding's RMS) instead of the embedded input, the input entering through re-injection (model.reinject):
+    # path independence, Anil et al. 2022 (a model that reaches the same fixed point from any start); 0: off
+    random_start: float = 0.0
 
 
 @dataclass

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import SCHEDULES, WEIGHTINGS, DepthConfig  # the choices, declared on the config fields
+from ..models.cores.base import grad_ctx
 
 
 
@@ -107,7 +108,40 @@ def progressive_draw(steps: int, generator: Optional[torch.Generator] = None) ->
     return n, k
 
 
-def progressive_logits(model: nn.Module, x: torch.Tensor, n: int, k: int) -> torch.Tensor:
+def random_start(z: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Gaussian noise shaped like the embedded input ``z``, scaled to its RMS (no gradient): a random first
+    state for path-independent training (Anil et al. 2022)."""
+    noise = torch.randn(z.shape, generator=generator, dtype=torch.float32).to(z.device, z.dtype)
+    return noise * z.detach().float().pow(2).mean().sqrt().to(z.dtype)
+
+
+def _begin(model: nn.Module, x: torch.Tensor, start_gen: Optional[torch.Generator]):
+    """The core's step state for ``x``: from its embedding, or (``start_gen`` given) from a random state, the
+    embedding still re-injected at every step."""
+    z = model.embed(x)
+    state = model.core.begin(model.blocks, z)
+    if start_gen is not None:
+        state.z = random_start(z, start_gen)
+    return state
+
+
+def stepped_logits(model: nn.Module, x: torch.Tensor, steps: int, at: List[int], grad_last: Optional[int] = None,
+                   start_gen: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``model.forward_steps(x, steps, at, grad_last)`` through the core's per-step API, from a random first
+    state when ``start_gen`` is given: (len(at), B, ...)."""
+    core = model.core
+    core.check_steps(steps)
+    state = _begin(model, x, start_gen)
+    out = []
+    for t in range(steps):
+        z = core.advance(state, lambda t=t: grad_ctx(t, steps, grad_last))
+        if t + 1 in at:
+            out.append(model.forward_head(model.norm(z), step=t + 1))
+    return torch.stack(out)
+
+
+def progressive_logits(model: nn.Module, x: torch.Tensor, n: int, k: int,
+                       start_gen: Optional[torch.Generator] = None) -> torch.Tensor:
     """The readout after n + k steps whose first n ran without gradient, the state detached after them:
     the gradient reaches the last k block applications and the readout only, never the steps before nor
     the embedding through the state. (A re-injected input, ``reinject``, is read by the k steps as it
@@ -117,7 +151,7 @@ def progressive_logits(model: nn.Module, x: torch.Tensor, n: int, k: int) -> tor
     count (and any step conditioning) continues from n; a core that cannot step is a ValueError."""
     core = model.core
     core.check_steps(n + k)
-    state = core.begin(model.blocks, model.embed(x))
+    state = _begin(model, x, start_gen)  # from a random first state with ``start_gen`` (random_start)
     for _ in range(n):  # the block applications without a graph (a core's router, SoftMoR's, keeps its own)
         core.advance(state, torch.no_grad)
     state.z = state.z.detach()

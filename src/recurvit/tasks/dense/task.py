@@ -38,7 +38,7 @@ from ...train.checks import check_train_config
 from ...train.fit import fit
 from ...train.loop import Step
 from ...train.losses import (progressive_draw, progressive_logits, progressive_mix, readout_steps, stage_weights,
-    supervised_loss)
+    stepped_logits, supervised_loss)
 from ...data.datasets import DENSE, dense_target
 from ...data.mazes import maze_pixels, maze_test_sets
 from ..base import DATA_TASKS
@@ -108,9 +108,14 @@ class DenseForward(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, x, steps=None, at=None, grad_last=None, progressive=None, full=True):
-        logits_at = self.model.forward_steps(x, steps=steps, at=at, grad_last=grad_last) if full else None
-        prog = progressive_logits(self.model, x, *progressive) if progressive is not None else None
+    def forward(self, x, steps=None, at=None, grad_last=None, progressive=None, full=True, start_gen=None):
+        if not full:
+            logits_at = None
+        elif start_gen is None:
+            logits_at = self.model.forward_steps(x, steps=steps, at=at, grad_last=grad_last)
+        else:  # a random first state (train.depth.random_start)
+            logits_at = stepped_logits(self.model, x, steps, at, grad_last, start_gen)
+        prog = progressive_logits(self.model, x, *progressive, start_gen=start_gen) if progressive is not None else None
         return logits_at, prog
 
 
@@ -128,6 +133,9 @@ class DenseTask(ClassifyTask):
         alpha = self.cfg.train.depth.progressive
         if not 0 <= alpha <= 1:
             raise UserError(f"train.depth.progressive (the progressive loss weight alpha) must be in [0, 1], got {alpha}")
+        start = self.cfg.train.depth.random_start
+        if not 0 <= start <= 1:
+            raise UserError(f"train.depth.random_start (a probability) must be in [0, 1], got {start}")
         if self.cfg.data.holdout:
             raise UserError("mazes have their own validation split (data.maze_val): set data.holdout=0")
         if self.cfg.data.mixup_alpha or self.cfg.data.cutmix_alpha:
@@ -157,6 +165,12 @@ class DenseTask(ClassifyTask):
         if bad:
             raise UserError(f"model.patch_size={p} does not divide every maze's side: {', '.join(bad)}; "
                             f"use 2 or 4 (they divide every maze size)")
+        if self.cfg.train.depth.random_start:
+            why = mc.core_cls.cannot_step(mc) or (None if getattr(self.model.core, "cond", None) is not None
+                                                  and self.model.core.cond.reinject else
+                                                  "the input must enter at every step: set model.reinject=true")
+            if why:
+                raise UserError(f"train.depth.random_start starts the recurrence from noise: {why}")
         if self.cfg.train.depth.progressive and mc.core_cls.cannot_step(mc):
             raise UserError(f"train.depth.progressive needs a core that runs one step at a time: "
                             f"{mc.core_cls.cannot_step(mc)}")
@@ -166,14 +180,20 @@ class DenseTask(ClassifyTask):
         # the progressive loss draws (n, k) from its own generator, seeded alike on every rank and saved with
         # last.pt: one process and several draw the same (n, k) for every batch
         self.prog_gen = torch.Generator().manual_seed(self.cfg.train.seed + 7919)
+        self.start_gen = torch.Generator().manual_seed(self.cfg.train.seed + 104729)  # random_start's draws and noise
 
     def restore(self, state, env):
         super().restore(state, env)
         if state.get("progressive_rng") is not None:
             self.prog_gen.set_state(state["progressive_rng"])
+        if state.get("random_start_rng") is not None:
+            self.start_gen.set_state(state["random_start_rng"])
 
     def extra_state(self, env):
-        return {**super().extra_state(env), "progressive_rng": self.prog_gen.get_state()}
+        extra = {**super().extra_state(env), "progressive_rng": self.prog_gen.get_state()}
+        if self.cfg.train.depth.random_start:
+            extra["random_start_rng"] = self.start_gen.get_state()
+        return extra
 
     def training_module(self) -> nn.Module:
         return DenseForward(self.model)
@@ -213,9 +233,11 @@ class DenseTask(ClassifyTask):
         at = readout_steps(k, tc.supervision.stages)
         w = stage_weights(tc.supervision.weights, len(at))
         prog = progressive_draw(k, self.prog_gen) if alpha > 0 else None
+        p = tc.depth.random_start
+        start_gen = self.start_gen if p > 0 and float(torch.rand(1, generator=self.start_gen)) < p else None
         with amp():
             logits_at, prog_logits = forward(x, steps=k, at=at, grad_last=tc.depth.truncate or None,
-                                             progressive=prog, full=alpha < 1)
+                                             progressive=prog, full=alpha < 1, start_gen=start_gen)
         mask = open_pixels(x) if tc.loss_mask == "open" else None
         if logits_at is None:
             full_loss = None
