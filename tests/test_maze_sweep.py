@@ -185,3 +185,17 @@ def test_deepthinkings_max_conf_counts_only_the_open_pixels():
     assert sw["solved"] == [1.0, 0.0]
     assert sw["max_conf"]["steps"] == [1] and sw["max_conf"]["solved"] == 1.0  # every pixel: 0.775 > 0.739
     assert sw["max_conf_open"]["steps"] == [2] and sw["max_conf_open"]["solved"] == 0.0  # open: 0.953 > 0.550
+
+
+def test_deepthinkings_solved_in_the_sweep_forgives_walls_and_nothing_else():
+    # one image of two pixels: the first a wall (black), the second open; the target is (0, 1)
+    x = torch.zeros(1, 3, 1, 2)
+    x[0, :, 0, 1] = 1.0
+    y = torch.tensor([[[0, 1]]])
+    # step 1 predicts (1, 1): only the wall is wrong; step 2 predicts (0, 0): the open pixel is wrong
+    logits = torch.zeros(2, 1, 2, 1, 2)
+    logits[0, :, 1] = 1.0
+    logits[1, :, 0] = 1.0
+    sw = maze_sweep(Scripted(logits), [(x, y)], torch.device("cpu"), max_steps=2)
+    assert sw["solved"] == [0.0, 0.0] and sw["solved_open"] == [1.0, 0.0]
+    assert summarize_mazes({9: sw}, trained=1)[0]["solved_open_T"] == 1.0

@@ -58,7 +58,8 @@ def _uint8_images(x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_steps: int, min_steps: int = 1,
                patience: int = 1, keep: int = 0, example: bool = False) -> Dict[str, object]:
-    """Per iteration 1..K: pixel accuracy, solved (share of images with every pixel right), and how the
+    """Per iteration 1..K: pixel accuracy, solved (share of images with every pixel right), solved_open
+    (DeepThinking's: every pixel right but those on walls, its predictions there zeroed), and how the
     path is wrong: ``path_recall`` (share of the path's pixels predicted path) and ``path_precision`` (share
     of the pixels predicted path that are on it; None where none is) - a path eroded past the answer loses
     recall, one spilling into dead ends loses precision; and how the recurrent state moves: ``state_rms``
@@ -77,6 +78,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
         raise ValueError(f"max_steps, min_steps and patience must be >= 1, got {K}, {min_steps}, {patience}")
     correct = torch.zeros(K, dtype=torch.float64)
     solved_k = torch.zeros(K, dtype=torch.float64)
+    solved_open_k = torch.zeros(K, dtype=torch.float64)  # DeepThinking's: every open pixel right (walls zeroed)
     hit, marked, path_px = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64), 0
     state_rms, state_change = torch.zeros(K, dtype=torch.float64), torch.zeros(K, dtype=torch.float64)
     pixels = n = 0
@@ -85,6 +87,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
         x, y = x.to(device), y.to(device)
         B = len(y)
         open_px = x.float().amax(1).flatten(1)  # (B, H*W) DeepThinking's weights: 0 on walls, else the brightest
+        walls = (open_px <= 0).view(y.shape)  # (B, H, W)
         best = {r: (torch.full((B,), -1.0, device=device), torch.zeros(B, dtype=torch.bool, device=device),
                     torch.zeros(B, dtype=torch.long, device=device)) for r in CONF_RULES}  # conf, solved, step
         stopped = torch.zeros(B, dtype=torch.bool, device=device)
@@ -106,6 +109,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
             solved = right.flatten(1).all(1)
             correct[k - 1] += right.sum().item()
             solved_k[k - 1] += solved.sum().item()
+            solved_open_k[k - 1] += (right | walls).flatten(1).all(1).sum().item()
             hit[k - 1] += (right & (y == 1)).sum().item()
             marked[k - 1] += (pred == 1).sum().item()
             p = F.softmax(logits, dim=1).amax(1).flatten(1)  # (B, H*W)
@@ -151,6 +155,7 @@ def maze_sweep(model: nn.Module, loader: Iterable, device: torch.device, max_ste
         n += B
     out: Dict[str, object] = {"step": list(range(1, K + 1)), "accuracy": (correct / max(pixels, 1)).tolist(),
                               "solved": (solved_k / max(n, 1)).tolist(), "n": n,
+                              "solved_open": (solved_open_k / max(n, 1)).tolist(),
                               "path_recall": (hit / max(path_px, 1)).tolist(),
                               "path_precision": [h / m if m else None for h, m in zip(hit.tolist(), marked.tolist())],
                               "state_rms": (state_rms / max(n, 1)).tolist(),
@@ -227,6 +232,9 @@ def summarize_mazes(sweeps: Mapping[int, Dict[str, object]], trained: int) -> Li
             row[f"solved_{'' if f == 1 else f}T"] = solved.get(f * trained)
         row.update(solved_best=solved[best_k], best_step=best_k,
                    drop_10T=None if 10 * trained not in solved else solved[10 * trained] - solved[best_k])
+        if "solved_open" in sw:  # DeepThinking's solved (walls zeroed) at k x T
+            opened = dict(zip(sw["step"], sw["solved_open"]))
+            row.update({f"solved_open_{'' if f == 1 else f}T": opened.get(f * trained) for f in FACTORS})
         for f in (1, 10):  # how the path is wrong at T and 10T (eroded: recall falls; spilled: precision)
             at = f * trained - 1  # and how far the state has grown and still moves
             for key in ("path_recall", "path_precision", "state_rms", "state_change"):

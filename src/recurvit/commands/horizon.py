@@ -7,7 +7,8 @@ from ..errors import UserError
 from . import DeprecatedOption, add_device_arg, add_force_arg, check_cost, load_trained, open_trained, print_json
 
 
-MAZE_CSV = ["size", "step", "solved", "pixel_acc", "path_recall", "path_precision", "state_rms", "state_change"]
+MAZE_CSV = ["size", "step", "solved", "pixel_acc", "path_recall", "path_precision", "state_rms", "state_change",
+            "solved_open"]
 JSON_MARK = b'{\n "run": '  # how horizon.json begins (a file of that name that does not is the user's)
 MAZE_PICTURE = "horizon_maze.png"  # one maze: input, where the stable rule stopped, the last iteration, target
 
@@ -145,7 +146,7 @@ def _mazes(args, loaded) -> int:
     w.writerow(MAZE_CSV)
     for size, sw in sorted(sweeps.items()):
         w.writerows(zip(*([size] * len(sw["step"]), sw["step"], sw["solved"], sw["accuracy"], sw["path_recall"],
-                            sw["path_precision"], sw["state_rms"], sw["state_change"])))
+                            sw["path_precision"], sw["state_rms"], sw["state_change"], sw["solved_open"])))
     write_text(outputs["horizon.csv"], table.getvalue(), ",".join(MAZE_CSV[:2]).encode(), "horizon.csv")
     run_name = (args.run if args.run.is_dir() else args.run.parent).resolve().name
     plot_solved(sweeps, T, out_dir / "horizon.png",
