@@ -26,7 +26,6 @@ def load(path, map_location="cpu", **overrides):
     ``.safetensors`` file written by ``--format safetensors`` holds: a :class:`recurvit.run.load.Loaded`
     (``.model`` in eval mode with its trained weights, ``.config`` its run config). ``overrides`` are core
     options to run it with (e.g. ``core="ode"``, ``method="rk4"``, ``steps=24``)."""
-    from . import tasks  # noqa: F401  (registers every task's checkpoint reader)
     from .run.load import load as _load
 
     return _load(path, map_location, **overrides)

@@ -88,9 +88,7 @@ def add_run_args(p, what: str = "run directory or checkpoint") -> None:
 
 
 def load_trained(path, **options):
-    """:func:`recurvit.run.load.load` of a run directory, checkpoint or exported model, with every task's
-    checkpoint reader registered (importing recurvit.tasks registers them)."""
-    from .. import tasks  # noqa: F401
+    """:func:`recurvit.run.load.load` of a run directory, checkpoint or exported model."""
     from ..run.load import load
 
     return load(path, **options)

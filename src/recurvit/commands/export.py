@@ -48,7 +48,6 @@ def run(args) -> int:
     if args.steps_program:
         return _steps_program(args)
     if args.format in ("torch-export", "onnx"):
-        from .. import tasks  # noqa: F401  (registers the checkpoint readers export_program loads with)
         from ..export.program import export_program
 
         files = [str(export_program(args.run, args.out, args.format))]

@@ -82,7 +82,6 @@ def cluster_options(args):
 
 
 def run(args) -> int:
-    from .. import tasks  # noqa: F401  (registers the tasks a study file may name: study/ imports none)
     from ..study import load_study, run_dir_root
     workers = 1 if args.workers is None else args.workers
     if workers < 1:

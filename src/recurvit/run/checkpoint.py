@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from ..config import RunConfig, config_from_dict
 from ..errors import UserError
+from .. import task_table
 from ..models import create_model
 from ..models.adapters import attach_adapters
 from .preprocessing import preprocessing_of, pretrained_cfg
@@ -24,17 +25,14 @@ from .preprocessing import preprocessing_of, pretrained_cfg
 FORMAT = "recurvit-checkpoint-v1"
 
 
-# Files that mark a run directory whose best.pt was never chosen on the test split even without a validation
-# split (a fine-tune's recipe, finetune.json: its best.pt is its deployable weights); tasks add theirs.
-BEST_WITHOUT_HOLDOUT: set = set()
 
 
 def _validated(run_dir: Path) -> bool:
     """Whether the run's best.pt was not chosen on the test split: it held out a validation split, or its
-    task writes a best.pt without one (:data:`BEST_WITHOUT_HOLDOUT`)."""
+    task writes a best.pt without one (:data:`recurvit.task_table.BEST_WITHOUT_HOLDOUT`)."""
     import yaml
 
-    if any((run_dir / name).is_file() for name in BEST_WITHOUT_HOLDOUT):
+    if any((run_dir / name).is_file() for name in task_table.BEST_WITHOUT_HOLDOUT):
         return True
     path = run_dir / "config.yaml"
     if not path.is_file():
@@ -148,8 +146,8 @@ def task_of(ckpt: Dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Reader:
-    """How the checkpoints of one task become a model again. Each task registers its reader under its
-    name (``recurvit.tasks`` does, for every task), so loading branches on no task's name."""
+    """How the checkpoints of one task become a model again: each task class holds its reader
+    (``Task.reader``), found through :mod:`recurvit.task_table`, so loading branches on no task's name."""
 
     # (checkpoint, its path, **overrides) -> (model with the checkpoint's weights, the typed run config)
     read: Callable[..., Tuple[nn.Module, Any]]
@@ -158,19 +156,14 @@ class Reader:
     use: Optional[str] = None
 
 
-READERS: Dict[str, Reader] = {}  # checkpoint["task"] -> its reader
-
-
-def register_reader(task: str, reader: Reader) -> None:
-    READERS[task] = reader
-
-
 def reader_of(ckpt: Dict[str, Any], source: str | Path) -> Reader:
+    """The reader of the task that wrote ``ckpt`` (the task table imports its class on first use)."""
     task = task_of(ckpt)
-    if task not in READERS:
-        known = ", ".join(sorted(READERS)) or "none: import recurvit.tasks, which registers every task's"
-        raise UserError(f"{source} is a checkpoint of task '{task}', which has no reader here (readers: {known})")
-    return READERS[task]
+    cls = task_table.task_class(task) if isinstance(task, str) else None
+    if cls is None:
+        raise UserError(f"{source} is a checkpoint of task '{task}', which has no reader here (tasks: "
+                        f"{', '.join(task_table.task_names())})")
+    return cls.reader
 
 
 def read_model(ckpt: Dict[str, Any], source: str | Path, **overrides) -> Tuple[nn.Module, RunConfig]:

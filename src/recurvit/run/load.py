@@ -6,8 +6,8 @@ the model (eval mode, its weights, its preprocessing as timm reads it) with its 
     loaded.model(x)                                      # logits at the trained depth
     load(path, core="ode", method="rk4", steps=24)       # core options to run the same weights with
 
-A checkpoint becomes a model through its task's reader (:data:`recurvit.run.checkpoint.READERS`, filled by
-``recurvit.tasks``); an export is always a classifier rebuilt from the model arguments it records. The
+A checkpoint becomes a model through its task's reader (found in :mod:`recurvit.task_table`: nothing has to
+be imported first); an export is always a classifier rebuilt from the model arguments it records. The
 Python API (``recurvit.load`` / ``recurvit.load_model``) and every command that reads a trained model
 (eval, predict, export, horizon, analyze, ...) go through here.
 """

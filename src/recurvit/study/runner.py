@@ -40,13 +40,13 @@ def _write_result(out: Path, res: Dict[str, Any]) -> None:
 
 def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dict[str, Any],
             labels: Dict[str, str], threads: Optional[int] = None, nproc: int = 1,
-            previous: Optional[Dict[str, Any]] = None, imports: Sequence[str] = ()) -> Dict[str, Any]:
+            previous: Optional[Dict[str, Any]] = None, imports: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Train (or resume) one grid point, run the evaluators of ``eval_spec`` on it and write its result.json.
 
     ``previous``: the run's stored result, when its training is complete and only some evaluators are
     missing (``eval_spec`` then names just those; the stored figures of the others are kept).
-    ``nproc`` > 1: train in that many processes (torchrun, DDP), evaluate here. ``imports``: the modules
-    that register the study's tasks (:func:`recurvit.study.registry.registrants`), for a fresh process."""
+    ``nproc`` > 1: train in that many processes (torchrun, DDP), evaluate here. ``imports``: the study views
+    of the planning process by name (:func:`recurvit.study.registry.registrants`), for a fresh process."""
     if threads:
         import torch
 
@@ -54,7 +54,7 @@ def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dic
     out_p = Path(out)
     (out_p / "error.txt").unlink(missing_ok=True)  # of an earlier, failed attempt
     t0 = time.perf_counter()
-    import_registrants(imports)  # a fresh process (a spawned worker, a cluster job): the tasks register again
+    import_registrants(imports)  # a fresh process (a spawned worker, a cluster job): views added at run time
     eval_spec = recorded({"eval": eval_spec})  # also the {max_steps_factor, variants} form of older callers
     res = view_of(task).run(base, overrides, out_p, eval_spec, nproc=nproc, threads=threads)
     record = eval_spec

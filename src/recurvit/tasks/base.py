@@ -1,13 +1,13 @@
 """What a training mode must say for the one loop (:func:`recurvit.train.fit.fit`) to train it.
 
 A task is one folder in ``tasks/`` (its task, evaluators and study view) plus one entry in
-``recurvit.tasks.TASKS``. It defines:
+:data:`recurvit.task_table.TASKS` (and one in ``VIEWS`` for its study view). It defines:
 
 - ``name``: the checkpoint's ``task`` key (a resume of another task's run is refused).
 - ``reader``: how its checkpoints become a model again (:class:`recurvit.run.checkpoint.Reader`), which
-  ``recurvit.tasks`` registers for :func:`recurvit.run.load.load`.
-- (optional) the data it trains: ``DATA_TASKS[data name] = TaskClass`` makes ``recurvit train`` pick it
-  for that data (the mazes: the dense task).
+  :func:`recurvit.run.load.load` finds through the task table.
+- (optional) the data it trains: an entry of :data:`recurvit.task_table.DATA_TASKS` makes ``recurvit train``
+  pick it for that data (the mazes: the dense task).
 - ``cfg``: its typed run config (``cfg.train`` has at least seed, epochs, eval_every, device,
   tensorboard); ``config_dict()`` / ``config_yaml()`` give the plain and written forms.
 - ``check()``: config values that make no sense, one line each (before any directory exists);
@@ -38,17 +38,15 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from .. import task_table
 from ..errors import UserError
 from ..train.resume import config_changes
 
 
-DATA_TASKS: Dict[str, type] = {}  # data set name -> the task its runs train as when it is not classification
-
-
 def data_task(data_name: str, default: type) -> type:
-    """The task that trains data set ``data_name`` (a task file claims its data in ``DATA_TASKS``; the
-    package imports every task file, so the table is full once ``recurvit.tasks`` is imported)."""
-    return DATA_TASKS.get(data_name, default)
+    """The task that trains data set ``data_name`` (:data:`recurvit.task_table.DATA_TASKS`), else ``default``."""
+    name = task_table.data_task(data_name)
+    return default if name is None else task_table.task_class(name)
 
 
 class Task:

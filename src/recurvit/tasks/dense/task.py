@@ -41,7 +41,6 @@ from ...train.losses import (progressive_draw, progressive_logits, progressive_m
     stepped_logits, supervised_loss)
 from ...data.datasets import DENSE, dense_target
 from ...data.mazes import maze_pixels, maze_test_sets
-from ..base import DATA_TASKS
 from ..classify.task import ClassifyTask
 
 
@@ -305,9 +304,6 @@ class DenseTask(ClassifyTask):
     def best_files(self, record, metrics):
         return {"best.pt": {**record, "val_solved": metrics["val_solved"], "val_acc": metrics["val_acc"],
                             "val_solved_open": metrics["val_solved_open"]}}
-
-
-DATA_TASKS.update({name: DenseTask for name in DENSE})  # `recurvit train` with data.name=mazes trains this task
 
 
 def train_dense(cfg: RunConfig, out: Path, resume: bool = False, log=print, stop_after: Optional[int] = None,
