@@ -92,6 +92,33 @@ def non_finite(im: Image.Image) -> Optional[str]:
     return f"a float image with {bad:,} NaN or inf values of {arr.size:,}" if bad else None
 
 
+SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")  # PIL's modes of 16-bit single-channel images
+
+
+def to_8bit(im: Image.Image) -> Image.Image:
+    """``im`` with 8 bits a channel, its values SCALED to 0..255 (PIL's convert("L") / ("RGB") clips a 16-bit
+    image's 0..65535 at 255 instead): 16-bit images by 255 / 65535; 32-bit integer images (PIL opens some
+    16-bit files so) likewise when their values fit 16 bits; float images in [0, 1] by 255. Other modes are
+    returned as they are. A range it cannot read as an image's is a UserError naming the mode."""
+    if im.mode not in SIXTEEN_BIT + ("I", "F"):
+        return im
+    import numpy as np
+
+    arr = np.asarray(im, dtype=np.float64)
+    lo, hi = (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
+    if im.mode == "F":
+        if lo < 0 or hi > 1:
+            raise UserError(f"a float image (PIL mode F) with values in [{lo:g}, {hi:g}]; recurvit reads float "
+                            "images in [0, 1]: save it with 8 or 16 bits a channel")
+        scale = 255.0
+    elif im.mode == "I" and (lo < 0 or hi > 65535):
+        raise UserError(f"a 32-bit integer image (PIL mode I) with values in [{lo:g}, {hi:g}]; recurvit reads "
+                        "8- and 16-bit images: save it with 8 or 16 bits a channel")
+    else:
+        scale = 255.0 / 65535.0 if im.mode in SIXTEEN_BIT or hi > 255 else 1.0
+    return Image.fromarray(np.clip(np.rint(arr * scale), 0, 255).astype(np.uint8), mode="L")
+
+
 def load_image(path: str, checked: bool = False) -> Image.Image:
     """The RGB image in `path`, or UnreadableImageError naming it. `checked`: the file passed
     `find_unreadable` when the data set was built (data.skip_bad_images=true)."""
@@ -101,7 +128,7 @@ def load_image(path: str, checked: bool = False) -> Image.Image:
             im.load()
             why = non_finite(im)
             if not why:
-                return im.convert("RGB")
+                return to_8bit(im).convert("RGB")  # a 16-bit image scaled, not clipped
     except PIL_ERRORS as e:
         if checked:
             hint = ("it passed the header check at start-up but its image data is corrupt or truncated;"

@@ -13,7 +13,7 @@ import torch
 
 from ..data import transforms as T
 from ..data.datasets import dense_target
-from ..data.images import non_finite
+from ..data.images import non_finite, to_8bit
 from ..errors import UserError
 from ..run.preprocessing import crop_pct
 
@@ -57,8 +57,8 @@ def read_images(files: Iterable[Path]) -> Tuple[List[Tuple[str, Any]], List[Tupl
                 why = non_finite(im)
                 if why:
                     raise ValueError(why)
-                ok.append((str(f), im.copy()))
-        except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
+                ok.append((str(f), to_8bit(im).copy()))  # 16-bit scaled to 8; a range it cannot read: one line
+        except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError, UserError) as e:
             bad.append((str(f), str(e).splitlines()[0] if str(e) else type(e).__name__))
     return ok, bad
 
@@ -70,14 +70,14 @@ def _transform(cfg: Dict[str, Any]):
     size, chans, mean, std = data["img_size"], data["in_chans"], data["mean"], data["std"]
     if data["pipeline"] == "folder":
         folder = T.folder_test_transform(size, mean, std, crop_pct(data))
-        return lambda im: folder(im.convert("RGB"))
+        return lambda im: folder(to_8bit(im).convert("RGB"))
 
     dense = dense_target(data.get("name", ""))  # a maze is read at its own size: the model runs larger ones
 
     def tensor(im):
         import numpy as np
 
-        arr = np.asarray(im.convert("L" if chans == 1 else "RGB"), dtype=np.uint8)
+        arr = np.asarray(to_8bit(im).convert("L" if chans == 1 else "RGB"), dtype=np.uint8)  # 16 bits scaled
         x = torch.from_numpy(arr.copy())
         x = x[None] if x.ndim == 2 else x.permute(2, 0, 1)  # (C, H, W) uint8, as the in-memory data sets
         if x.shape[-1] != x.shape[-2]:
