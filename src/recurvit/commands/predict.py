@@ -37,7 +37,7 @@ CSV_HEADER = ["image", "rank", "label", "prob"]  # the first line of every --csv
 
 
 def run(args) -> int:
-    from ..export.predict import check_dense_sides, image_files, is_dense, predict, read_images
+    from ..export.predict import check_dense_sides, check_mazes, image_files, is_dense, predict, read_images
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.outputs import claim_file, write_text
@@ -65,6 +65,7 @@ def run(args) -> int:
                         "(use --json for the list)")
     side = None
     if dense:  # each maze at its own size: checked, and the run priced at the largest, before any work
+        check_mazes(pairs)  # a 1x1, 8x8 or 64x64 picture is no maze: one line, nothing written
         check_dense_sides(model, [(n, im.width) for n, im in pairs if im.width == im.height])
         side = max(im.width for _, im in pairs)
     if args.steps is not None:  # priced before it runs: --steps 1000000000 is refused, not a hang

@@ -139,6 +139,36 @@ def to_pixels(grid: np.ndarray) -> np.ndarray:
     return np.pad(up, pad)
 
 
+def maze_problem(rgb: np.ndarray) -> Optional[str]:
+    """Why an image (H, W, 3) uint8 is not a maze in the easy-to-hard format (:func:`to_pixels` of
+    :func:`draw`), or None: square, 2s + 6 pixels a side for an odd s >= 3, a black 1-pixel frame, 2 x 2
+    squares of wall, open, start and goal colours (within 64 of each channel: a lossy copy still reads), one
+    start and one goal."""
+    if rgb.ndim != 3 or rgb.shape[-1] != 3:
+        return f"an image of shape {tuple(rgb.shape)}, not RGB"
+    h, w = rgb.shape[:2]
+    if h != w:
+        return f"a {w}x{h} image; a maze is square"
+    if h < 12 or h % 4:
+        return f"a {h}-pixel side; a size-s maze is 2s + 6 pixels for an odd s >= 3 (12, 16, 20, ...; 24 for 9x9)"
+    palette = np.array([WALL, OPEN, START, GOAL], dtype=np.int16)  # (4, 3)
+    dist = np.abs(rgb.astype(np.int16)[:, :, None, :] - palette).max(-1)  # (H, W, 4)
+    colour = dist.argmin(-1)
+    if (dist.min(-1) > 64).any():
+        return "pixels of other colours than a maze's (black walls, white paths, a green start, a red goal)"
+    frame = np.concatenate([colour[0], colour[-1], colour[:, 0], colour[:, -1]])
+    if (frame != 0).any():
+        return "no black 1-pixel frame around it"
+    inner = colour[1:-1, 1:-1]
+    squares = inner[::2, ::2]
+    if not all((inner[i::2, j::2] == squares).all() for i in (0, 1) for j in (0, 1)):
+        return "its squares are not 2 x 2 pixels of one colour each"
+    starts, goals = int((squares == 2).sum()), int((squares == 3).sum())
+    if (starts, goals) != (1, 1):
+        return f"{starts} start and {goals} goal squares; a maze has one of each"
+    return None
+
+
 def _keys(opened: np.ndarray, start: np.ndarray, goal: np.ndarray) -> List[bytes]:
     """One identity per maze (walls, start, goal): equal keys <=> equal images."""
     bits = np.packbits(opened.reshape(len(opened), -1), axis=1)

@@ -157,6 +157,7 @@ def predict(model: torch.nn.Module, images: Any, topk: int = 5, steps: Optional[
     model.eval()
     out: List[Prediction] = []
     if is_dense(cfg):
+        check_mazes([(name, im) for name, im in zip(names, images) if not isinstance(im, torch.Tensor)])
         xs = [tf(im) for im in images]
         check_dense_sides(model, [(name, int(x.shape[-1])) for name, x in zip(names, xs)])
         return [Prediction(name, [], model(x[None].to(device), steps=steps)[0].argmax(0).to(torch.uint8).cpu())
@@ -168,6 +169,19 @@ def predict(model: torch.nn.Module, images: Any, topk: int = 5, steps: Optional[
         for name, pr, ix in zip(names[i:i + batch_size], p.tolist(), idx.tolist()):
             out.append(Prediction(name, [(labels[j] if j < len(labels) else str(j), q) for j, q in zip(ix, pr)]))
     return out
+
+
+def check_mazes(pairs: Sequence[Tuple[str, Any]]) -> None:
+    """One line naming the first (name, PIL image) that is not a maze in the easy-to-hard format (a maze model's
+    answer on any other image means nothing: ``data.mazes.maze_problem``)."""
+    import numpy as np
+
+    from ..data.mazes import maze_problem
+
+    for name, im in pairs:
+        why = maze_problem(np.asarray(to_8bit(im).convert("RGB"), dtype=np.uint8))
+        if why:
+            raise UserError(f"{name} is not a maze image: {why}")
 
 
 def check_dense_sides(model: torch.nn.Module, sides: Sequence[Tuple[str, int]]) -> None:
