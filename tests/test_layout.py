@@ -25,7 +25,7 @@ FLOORS = [
     {"study"},                  # never imports tasks: it finds them in task_table
     {"tasks", "export"},
     {"commands"},
-    {"cli", "__main__", "_timm_hook", "recurvit"},  # the entry points; "recurvit": the package's __init__
+    {"cli", "__main__", "_timm_hook", "timm_script", "recurvit"},  # the entry points; "recurvit": the package's __init__
 ]
 
 

@@ -1,4 +1,4 @@
-"""recurvit export RUN --format hf|safetensors|torch-export|onnx --out OUT [--steps-program [--fused]] [--int8]"""
+"""recurvit export RUN --format hf|timm|safetensors|torch-export|onnx --out OUT [--rgb] [--steps-program [--fused]] [--int8]"""
 from __future__ import annotations
 
 import shutil
@@ -15,14 +15,25 @@ def add_parser(sub):
                                    "and the preprocessing) and OUT/model.safetensors: timm.create_model("
                                    "'local-dir:OUT', pretrained=True) and recurvit.load_model(OUT) give the run's "
                                    "logits, and timm's push_to_hf_hub publishes it. --format safetensors writes the "
-                                   "weights alone to OUT (a file). Example: recurvit export runs/digits-bvit_tiny-... "
+                                   "weights alone to OUT (a file). --format timm writes a STANDARD timm vit_* "
+                                   "(the shared block copied into every block) that timm loads with no recurvit "
+                                   "installed. Example: recurvit export runs/digits-bvit_tiny-... "
                                    "--format hf --out exported/bvit-digits")
     p.add_argument("run", type=Path, help="run directory or checkpoint file")
-    add_out_arg(p, "output folder (hf) or file (safetensors, torch-export, onnx)", positional="out_positional")
-    p.add_argument("--format", choices=("hf", "safetensors", "torch-export", "onnx"), default="hf",
-                   help="what to write (torch-export: torch.export.export at the trained depth, dynamic batch, "
+    add_out_arg(p, "output folder (hf, timm) or file (safetensors, torch-export, onnx)", positional="out_positional")
+    p.add_argument("--format", choices=("hf", "timm", "safetensors", "torch-export", "onnx"), default="hf",
+                   help="what to write (timm: timm's own VisionTransformer, vit_{tiny,small,base}_patch16_224 with "
+                        "the real shape in model_args and depth = the trained steps, for a plain bViT (no step "
+                        "conditioning, no re-injection) or a stack ViT; other models are refused in one line; "
+                        "torch-export: torch.export.export at the trained depth, dynamic batch, "
                         "saved with torch.export.save; load with torch.export.load(OUT).module()); onnx: the same through "
                         "torch.onnx.export (input 'images', output 'logits'; needs the onnx extra)")
+    p.add_argument("--rgb", action="store_true",
+                   help="with --format timm, onnx or torch-export: the export reads 3-channel images as timm's "
+                        "scripts feed them at their defaults (a grey model's patch convolution adapted by timm's "
+                        "adapt_input_conv; grey images read as RGB give the run's logits); onnx / torch-export "
+                        "also take ImageNet's mean / std, what onnx_validate.py assumes (the run's own applied "
+                        "inside), and the command prints the flags onnx_validate.py still needs")
     p.add_argument("--steps-program", action="store_true",
                    help="with --format onnx or torch-export: OUT is a folder of three programs, embed, step (one "
                         "application of the core's step) and readout, and manifest.json, that "
@@ -43,14 +54,24 @@ def run(args) -> int:
     from . import load_trained
 
     out_of(args)
+    if args.rgb and (args.steps_program or args.format not in ("timm", "onnx", "torch-export")):
+        raise UserError("--rgb applies to --format timm, onnx or torch-export (the whole model), not "
+                        f"{'--steps-program' if args.steps_program else '--format ' + args.format}")
     if args.int8:
         return _int8(args)
     if args.steps_program:
         return _steps_program(args)
+    extra = {}
     if args.format in ("torch-export", "onnx"):
-        from ..export.program import export_program
+        from ..export.program import export_program, onnx_validate_flags, read_preprocessing
 
-        files = [str(export_program(args.run, args.out, args.format))]
+        files = [str(export_program(args.run, args.out, args.format, rgb=args.rgb))]
+        if args.format == "onnx":
+            extra["onnx_validate_flags"] = onnx_validate_flags(read_preprocessing(args.out))
+    elif args.format == "timm":
+        from ..export.timm_format import export_timm
+
+        files = sorted(str(p) for p in export_timm(args.run, args.out, rgb=args.rgb).iterdir())
     else:
         from ..export.hf import export_hf, export_safetensors
 
@@ -60,10 +81,19 @@ def run(args) -> int:
         else:
             files = [str(export_safetensors(loaded, args.out))]
     if args.json:
-        print_json({"run": str(args.run), "format": args.format, "files": files})
+        print_json({"run": str(args.run), "format": args.format, "rgb": args.rgb, "files": files, **extra})
     else:
         print(f"wrote {', '.join(files)}")
+        if "onnx_validate_flags" in extra:
+            print(_onnx_validate_line(extra["onnx_validate_flags"]))
     return 0
+
+
+def _onnx_validate_line(flags) -> str:
+    if flags is None:
+        return "timm's onnx_validate.py feeds RGB images: export with --rgb for a program it can read"
+    return (f"timm's onnx_validate.py: python onnx_validate.py DATA --onnx-input OUT {' '.join(flags)}".rstrip()
+            + ("" if flags else " (its defaults)"))
 
 
 def _steps_program(args) -> int:
@@ -100,7 +130,7 @@ def _int8(args) -> int:
         else:
             from ..export.program import export_program
 
-            files = [str(quantize_model(export_program(args.run, args.out, "onnx"), final))]
+            files = [str(quantize_model(export_program(args.run, args.out, "onnx", rgb=args.rgb), final))]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         args.out = final

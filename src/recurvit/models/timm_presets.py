@@ -38,9 +38,14 @@ conv, classifier, class count) for timm's data pipeline. There are no weights to
 ``recurvit.load_model``. ``features_only=True`` uses timm's FeatureGetterNet over
 ``forward_intermediates``, whose features are the states after STEPS (timm_contract.py);
 ``out_indices`` count steps (default: the last 3).
+
+Weights loaded by timm (``pretrained=True`` with ``local-dir:`` / ``hf-hub:``, an export of
+``recurvit export --format hf``) pass :func:`checkpoint_filter_fn`, as timm's ViT weights pass its own: a
+learned position embedding of another grid is resampled to the model's (``img_size=32`` on an 8 px export).
 """
 from __future__ import annotations
 
+import math
 import warnings
 from contextlib import nullcontext
 from functools import partial
@@ -121,9 +126,27 @@ def _create(variant: str, pretrained: bool = False, **kwargs: Any) -> VisionTran
     preset, model_args = TIMM_PRESETS[variant]
     out_indices = kwargs.pop("out_indices", 3)  # features_only: the last 3 steps, as timm's ViT
     model = build_model_with_cfg(partial(_build, preset), variant, pretrained,
+                                 pretrained_filter_fn=checkpoint_filter_fn,
                                  feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
                                  **dict(model_args, **kwargs))
     return _own_channels(model)
+
+
+def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: VisionTransformer) -> Dict[str, torch.Tensor]:
+    """Pretrained weights for ``model``: a learned position embedding of another (square) patch grid resampled
+    to the model's by timm's own ``resample_abs_pos_embed`` (bicubic, antialiased), as timm's ViT loads its
+    checkpoints at another ``img_size``; everything else as it is."""
+    from timm.layers import resample_abs_pos_embed
+
+    pos, own = state_dict.get("pos_embed"), getattr(model, "pos_embed", None)
+    if pos is None or own is None or pos.shape == own.shape:
+        return state_dict
+    n = model.num_prefix_tokens
+    old = math.isqrt(pos.shape[1] - n)
+    if old * old != pos.shape[1] - n or pos.shape[-1] != own.shape[-1]:
+        return state_dict  # not a square grid of this width: load_state_dict names the mismatch
+    new = model.patch_embed.grid_size
+    return {**state_dict, "pos_embed": resample_abs_pos_embed(pos, [new, new], [old, old], num_prefix_tokens=n)}
 
 
 def _own_channels(model):
