@@ -74,6 +74,7 @@ def test_predict_names_classes_of_images_in_a_folder(home, run):
 
 @pytest.mark.parametrize("args, wrote", [
     (["--format", "hf", "--out", "hf"], "wrote hf/config.json, hf/model.safetensors"),
+    (["--format", "timm", "--rgb", "--out", "tf"], "wrote tf/config.json, tf/model.safetensors"),
     (["--format", "safetensors", "--out", "m.safetensors"], "wrote m.safetensors"),
     (["--format", "torch-export", "--out", "m.pt2"], "wrote m.pt2"),
     (["--format", "onnx", "--out", "m.onnx"], "wrote m.onnx"),
@@ -86,7 +87,7 @@ def test_predict_names_classes_of_images_in_a_folder(home, run):
      "(int8 MatMul weights)"),
     (["--format", "torch-export", "--steps-program", "--out", "bvit-pt2"],
      "wrote bvit-pt2: embed.pt2, manifest.json, readout.pt2, step.pt2"),
-], ids=["hf", "safetensors", "torch-export", "onnx", "onnx-int8", "steps-fused", "steps-int8", "steps-pt2"])
+], ids=["hf", "timm", "safetensors", "torch-export", "onnx", "onnx-int8", "steps-fused", "steps-int8", "steps-pt2"])
 def test_every_export_from_a_run_directory(home, run, args, wrote):
     r = recurvit(home, "export", run, *args)
     assert wrote in r.stdout.strip().splitlines(), r.stdout
