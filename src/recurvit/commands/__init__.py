@@ -102,6 +102,7 @@ def open_trained(args, loaded=None, **options):
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.loaders import build_test_loader
+    from ..run.preprocessing import check_classes
 
     loaded = (loaded if loaded is not None else load_trained(args.run, **options)).classifier(args.run)
     if loaded.checkpoint is None and not (loaded.data_record or {}).get("name"):
@@ -112,6 +113,7 @@ def open_trained(args, loaded=None, **options):
     apply_data_root(cfg, getattr(args, "data_root", None))
     device = pick_device(args.device)
     test_loader, info = build_test_loader(cfg)
+    check_classes(loaded.data_record, info, args.run)  # another data set's classes: one line, not a figure
     return model.to(device), cfg, device, test_loader, info
 
 

@@ -51,3 +51,28 @@ def preprocessing_of(ckpt: Dict[str, Any], cfg) -> Optional[Dict[str, Any]]:
     except (UserError, OSError):
         return None
     return data_record(cfg, info)
+
+
+def _few(names) -> str:
+    names = [str(n) for n in names]
+    shown = ", ".join(repr(n[:40]) for n in names[:6])
+    return f"{len(names)} ({shown}{', ...' if len(names) > 6 else ''})"
+
+
+def check_classes(record: Optional[Dict[str, Any]], info, source) -> None:
+    """A run evaluated on data whose classes are not the run's, by name and in order, is one line (its
+    accuracy would count another class's images as right or wrong: a folder with classes {0, 2} read by a
+    model of {0, 1, 2}, a digits model on Fashion-MNIST). Refused, not mapped: a run's head indexes its own
+    classes, and a subset or another order is another evaluation. A record without class names says nothing."""
+    run = list((record or {}).get("class_names") or [])
+    data = list(getattr(info, "class_names", ()) or ())
+    if not run or not data or run == data:
+        return
+    if sorted(run) == sorted(data):
+        why = "the same names in another order"
+    else:
+        missing, extra = [n for n in run if n not in data], [n for n in data if n not in run]
+        why = "; ".join(x for x in (f"missing {_few(missing)}" if missing else "",
+                                    f"not the run's {_few(extra)}" if extra else "") if x)
+    raise UserError(f"{source} was trained on {_few(run)} classes and the data has {_few(data)}: {why}; "
+                    "evaluate it on data with the run's classes (--data-root)")
