@@ -24,7 +24,7 @@ from ..config import config_from_dict
 from ..errors import UserError
 from ..models import create_model
 from . import checkpoint as ckpt_io
-from .preprocessing import pretrained_cfg
+from .preprocessing import check_record, pretrained_cfg
 
 SAFETENSORS_KEY = "recurvit"  # a safetensors export's header entry: {"model": preset, "model_args": ..., "data": ...}
 
@@ -98,6 +98,9 @@ def _exported(weights: Path, name: str, args: Dict[str, Any], data: Optional[Dic
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    if not isinstance(args, dict):
+        raise UserError(f"cannot read the export {where}: its model_args is a {type(args).__name__}, not a mapping; "
+                        "export the run again")
     args = _recurvit_args(args)
     try:
         model = create_model(name, **{**args, **{k: v for k, v in overrides.items() if v is not None}})
@@ -109,7 +112,14 @@ def _exported(weights: Path, name: str, args: Dict[str, Any], data: Optional[Dic
     except (SafetensorError, ValueError, KeyError, TypeError, AttributeError, OSError, RuntimeError) as e:
         raise UserError(f"cannot read the exported {'folder' if where.is_dir() else 'file'} {where}: it is damaged "
                         f"({_first_line(e)}); export the run again") from None
+    not_float = sorted(k for k, v in state.items() if not v.is_floating_point())
+    if not_float:  # load_state_dict would cast a bool / int64 tensor silently
+        raise UserError(f"cannot read the export {where}: its weights hold {state[not_float[0]].dtype} tensors "
+                        f"({', '.join(not_float[:3])}{', ...' if len(not_float) > 3 else ''}); an export's weights "
+                        "are floating point: export the run again")
     ckpt_io.load_state(model, state, weights)
+    if data:
+        check_record(data, model.cfg.num_classes, model.cfg.in_chans, where)
     if data:  # timm.data.resolve_data_config(model=m) reads it
         model.pretrained_cfg = pretrained_cfg(data, model.cfg.num_classes)
     return Loaded(model.eval(), cfg, weights)

@@ -76,3 +76,33 @@ def check_classes(record: Optional[Dict[str, Any]], info, source) -> None:
                                     f"not the run's {_few(extra)}" if extra else "") if x)
     raise UserError(f"{source} was trained on {_few(run)} classes and the data has {_few(data)}: {why}; "
                     "evaluate it on data with the run's classes (--data-root)")
+
+
+def check_record(data: Dict[str, Any], num_classes: int, in_chans: int, where) -> None:
+    """An export's preprocessing record as a model can use it, or one line naming the bad field: finite mean
+    and std (std > 0) a channel, a positive image size, the model's channels, and as many class names (strings)
+    as its head has classes (a NaN mean predicted "prob": NaN; short or integer names were taken as they were)."""
+    import math
+
+    def bad(what: str) -> UserError:
+        return UserError(f"cannot read the export {where}: its preprocessing record {what}; export the run again")
+
+    if not isinstance(data, dict):
+        raise bad(f"is a {type(data).__name__}, not a mapping")
+    size, chans = data.get("img_size"), data.get("in_chans")
+    if not (isinstance(size, int) and not isinstance(size, bool) and size > 0):
+        raise bad(f"has img_size {size!r}, not a positive integer")
+    if chans != in_chans:
+        raise bad(f"says in_chans {chans!r}, and the model takes {in_chans}")
+    for key in ("mean", "std"):
+        v = data.get(key)
+        if not (isinstance(v, list) and len(v) == in_chans and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)):
+            raise bad(f"has {key} {str(v)[:80]}, not {in_chans} finite number(s)")
+    if any(x <= 0 for x in data["std"]):
+        raise bad(f"has std {data['std']}, not > 0")
+    names = data.get("class_names")
+    if names is not None and not (isinstance(names, list) and len(names) == num_classes
+                                  and all(isinstance(n, str) for n in names)):
+        raise bad(f"has class_names {str(names)[:80]}, not {num_classes} names (strings) for the model's "
+                  f"{num_classes} classes")
