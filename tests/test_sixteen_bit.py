@@ -27,8 +27,10 @@ def test_a_16_bit_png_and_tiff_read_as_their_8_bit_twin(tmp_path):
 def test_float_images_in_the_unit_range_are_scaled_and_others_refused_in_one_line():
     f = Image.fromarray(_digit_levels().astype(np.float32) / 255.0, mode="F")
     assert np.array_equal(np.asarray(to_8bit(f)), _digit_levels())
-    with pytest.raises(UserError, match=r"PIL mode F\) with values in \[0, 252\]"):
-        to_8bit(Image.fromarray(_digit_levels().astype(np.float32), mode="F"))
+    assert np.array_equal(np.asarray(to_8bit(Image.fromarray(_digit_levels().astype(np.float32), mode="F"))),
+                          _digit_levels())  # in [0, 255]: as it is
+    with pytest.raises(UserError, match=r"PIL mode F\) with values in \[0, 504\]"):
+        to_8bit(Image.fromarray(_digit_levels().astype(np.float32) * 2, mode="F"))
     with pytest.raises(UserError, match=r"PIL mode I\) with values in \[-5, -5\]"):
         to_8bit(Image.fromarray(np.full((2, 2), -5, dtype=np.int32), mode="I"))
     rgb = Image.new("RGB", (2, 2), (1, 2, 3))

@@ -98,7 +98,8 @@ SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")  # PIL's modes of 16-bit singl
 def to_8bit(im: Image.Image) -> Image.Image:
     """``im`` with 8 bits a channel, its values SCALED to 0..255 (PIL's convert("L") / ("RGB") clips a 16-bit
     image's 0..65535 at 255 instead): 16-bit images by 255 / 65535; 32-bit integer images (PIL opens some
-    16-bit files so) likewise when their values fit 16 bits; float images in [0, 1] by 255. Other modes are
+    16-bit files so) likewise when their values fit 16 bits; float images in [0, 1] by 255 (in [0, 255]: as
+    they are). Other modes are
     returned as they are. A range it cannot read as an image's is a UserError naming the mode."""
     if im.mode not in SIXTEEN_BIT + ("I", "F"):
         return im
@@ -107,10 +108,10 @@ def to_8bit(im: Image.Image) -> Image.Image:
     arr = np.asarray(im, dtype=np.float64)
     lo, hi = (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
     if im.mode == "F":
-        if lo < 0 or hi > 1:
+        if lo < 0 or hi > 255:
             raise UserError(f"a float image (PIL mode F) with values in [{lo:g}, {hi:g}]; recurvit reads float "
-                            "images in [0, 1]: save it with 8 or 16 bits a channel")
-        scale = 255.0
+                            "images in [0, 1] or [0, 255]: save it with 8 or 16 bits a channel")
+        scale = 255.0 if hi <= 1 else 1.0
     elif im.mode == "I" and (lo < 0 or hi > 65535):
         raise UserError(f"a 32-bit integer image (PIL mode I) with values in [{lo:g}, {hi:g}]; recurvit reads "
                         "8- and 16-bit images: save it with 8 or 16 bits a channel")
