@@ -166,3 +166,19 @@ def test_a_maze_image_a_vit_cannot_read_is_one_line():
         check_dense_sides(dynamic, [("a", 24), ("b", 30)])  # a 30-pixel image is no maze: its mask would be 28
     with pytest.raises(UserError, match="runs only at 24 pixels"):
         check_dense_sides(fixed, [("b", 32)])
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--sizes", "100001"], "one batch of 100001x100001 mazes takes about"),
+    (["--mazes", "1000000000"], "1,000,000,000 mazes a size hold about"),
+])
+def test_a_sweep_too_large_for_the_machine_is_priced_before_any_maze_is_made(run, tmp_path, args, says, capsys,
+                                                                             monkeypatch):
+    """Issue 57, item 10: --sizes 100001 tried to allocate 18.6 GiB; --mazes 1e9 crashed after 75 s."""
+    import recurvit.data.mazes as mazes
+
+    monkeypatch.setattr(mazes, "make_mazes", lambda *a, **k: pytest.fail("mazes generated before pricing"))
+    capsys.readouterr()
+    assert main(["horizon", str(run), *args, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1 and not any(tmp_path.iterdir())

@@ -103,7 +103,8 @@ def _mazes(args, loaded) -> int:
     from torch.utils.data import DataLoader
 
     from ..analysis.mazes import draw_maze, example_panels, maze_sweep_sizes, plot_solved, stable_rule, summarize_mazes
-    from ..data.mazes import cells_per_side, maze_test_sets
+    from ..analysis.budget import free_memory
+    from ..data.mazes import cells_per_side, maze_test_sets, sweep_bytes
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.outputs import PNG, claim_files, output_dir, write_text
@@ -131,6 +132,15 @@ def _mazes(args, loaded) -> int:
                         f"could never stop; raise --steps or lower --min-steps")
     data = replace(cfg.data, maze_test_sizes=sorted(set(args.sizes or cfg.data.maze_test_sizes)),
                    maze_test=args.mazes)
+    width = getattr(model.cfg, "width", None) or getattr(model.cfg, "embed_dim", 64)
+    stored, batch_bytes = sweep_bytes(data.maze_test_sizes, args.mazes, width)
+    free = free_memory(device)
+    if not args.force and max(stored, batch_bytes) > free:  # priced before a maze is generated
+        what = (f"{args.mazes:,} mazes a size hold about {stored / 2**30:,.1f} GiB" if stored >= batch_bytes else
+                f"one batch of {max(data.maze_test_sizes)}x{max(data.maze_test_sizes)} mazes takes about "
+                f"{batch_bytes / 2**30:,.1f} GiB")
+        raise UserError(f"{what} and {free / 2**30:,.1f} GiB are free; choose fewer or smaller mazes (--mazes, "
+                        "--sizes), or --force")
     sets = maze_test_sets(data)
     largest = sets[max(sets)]
     batch = 50

@@ -139,6 +139,15 @@ def to_pixels(grid: np.ndarray) -> np.ndarray:
     return np.pad(up, pad)
 
 
+def sweep_bytes(sizes, n: int, width: int, batch: int = 50) -> Tuple[int, int]:
+    """(bytes of ``n`` generated test mazes at every size of ``sizes``: the uint8 image and mask, the
+    generator's grids; bytes of one batch of the largest as a ``width``-channel model's float states),
+    priced before anything is generated: ``--sizes 100001`` or ``--mazes 1000000000`` is refused, not tried."""
+    stored = sum(n * 5 * maze_pixels(s) ** 2 for s in sizes)  # RGB + mask + generator grids, a byte each
+    side = maze_pixels(max(sizes))
+    return stored, batch * side * side * 4 * (3 + 8 * max(int(width), 1))
+
+
 def maze_problem(rgb: np.ndarray) -> Optional[str]:
     """Why an image (H, W, 3) uint8 is not a maze in the easy-to-hard format (:func:`to_pixels` of
     :func:`draw`), or None: square, 2s + 6 pixels a side for an odd s >= 3, a black 1-pixel frame, 2 x 2
