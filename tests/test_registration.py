@@ -234,3 +234,24 @@ def test_a_registered_studys_report_shows_every_runs_curve_and_its_last_20_perce
     assert "| a__seed=0 | 10 | 70.00 | +0.00 | plateau |" in report
     assert "| b__seed=1 | 10 | 68.00 | +4.00 | still rising |" in report
     assert "Plateau: 2 of 4 runs changed by 0.3 points or more" in report
+
+
+def test_a_comment_added_to_a_registered_config_changes_nothing_a_value_changed_back_still_does(tmp_path):
+    """Labelling a registered study's config ("not DeepThinking's recipe", issue 55) leaves what it trained as it
+    was; a value changed in any later commit, even one changed back since, makes the study exploratory."""
+    root = registered(tmp_path)
+    commit(root, "register")
+    base = root / "configs" / "base.yaml"
+    base.write_text("# a label, added after the registration\n" + base.read_text())
+    commit(root, "a comment")
+    write_csv(root / "results" / "tiny", RESULTS)
+    commit(root, "results")
+    (line,) = collect(root)
+    assert line.evidence.status != "exploratory", line.evidence.why
+    text = base.read_text()
+    base.write_text(text.replace("model:", "model_changed:", 1))
+    commit(root, "a value changed")
+    base.write_text(text)
+    commit(root, "and changed back")
+    (line,) = collect(root)
+    assert line.evidence.status == "exploratory" and "configs/base.yaml changed" in line.evidence.why

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
+import yaml
+
 from .cells import SEED_KEY, Row
 from .history import file_commits, first_commit, show
 
@@ -48,8 +50,18 @@ def _is_strict_ancestor(root: Path, old: str, new: str) -> bool:
                           capture_output=True).returncode == 0
 
 
+def _values(text: str) -> Any:
+    """What a config file says, as YAML reads it (its comments are not part of what is trained)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text  # unreadable: compared as text
+
+
 def _configs_changed(root: Path, study: Any, registered: str) -> str:
-    """The first config file the study trains from that changed after the registration commit ('' if none)."""
+    """The first config file the study trains from whose values changed after the registration commit, in any
+    later commit or in the working copy ('' if none). A comment is not a value: labelling an old config (issue
+    55: "not DeepThinking's recipe") leaves what its registered runs trained unchanged."""
     paths = {Path(study.base)} | {Path(r.base) for r in study.runs if r.base is not None}
     for path in sorted(paths):
         try:
@@ -58,7 +70,8 @@ def _configs_changed(root: Path, study: Any, registered: str) -> str:
             return str(path)
         later = subprocess.run(["git", "-C", str(root), "log", "--format=%H", f"{registered}..HEAD", "--", rel],
                                capture_output=True, text=True).stdout.split()
-        if later or show(root, registered, rel) != path.read_text():
+        then = _values(show(root, registered, rel))
+        if any(_values(show(root, c, rel)) != then for c in later) or _values(path.read_text()) != then:
             return rel
     return ""
 
