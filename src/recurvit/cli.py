@@ -6,6 +6,7 @@ Errors a user can cause (UserError) end with one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import shlex
@@ -83,6 +84,12 @@ def _resume_hint(command: str) -> str:
     return f"; continue with {again.replace('RUN_DIR', shlex.quote(str(run)))}" if run else ""
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (an ANSI escape, a newline inside a path) written
+    as its Python escape, so a message stays one line and cannot drive the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _quiet_broken_pipe() -> int:
     """stdout's reader went away (``recurvit predict ... | head``): no traceback, and nothing more written
     (stdout goes to /dev/null, so Python's flush at exit fails silently too); the exit status is 141, a
@@ -121,7 +128,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(args._run(args) or 0)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(str(e))}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG:  # a path a user gave (--out, data.root, an image) longer than the OS takes
+            raise
+        name = printable(str(e.filename or ""))
+        print(f"error: a path is too long for this file system ({len(name):,} characters: "
+              f"{name[:60]}{'...' if len(name) > 60 else ''}); choose a shorter one", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return _quiet_broken_pipe()

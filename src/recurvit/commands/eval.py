@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from . import add_device_arg, add_force_arg, check_cost, open_trained, parse_overrides, print_json
+from . import add_device_arg, add_force_arg, check_cost, load_trained, open_trained, parse_overrides, print_json
 
 
 def add_parser(sub):
@@ -24,6 +24,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    from ..data.datasets import dense_target
     from ..tasks.classify.task import evaluate
 
     if args.steps is not None and args.steps < 1:
@@ -34,7 +35,11 @@ def run(args) -> int:
         raise UserError(f"{', '.join(other)}: eval takes core options (e.g. method=rk4, refine=2) that change how "
                         "the trained weights run; the run's data and training settings are its own (--data-root "
                         "moves its data)")
-    model, cfg, device, test_loader, _ = open_trained(args, **options)
+    loaded = load_trained(args.run, **options)
+    if dense_target(loaded.config.data.name):  # per-pixel logits: accuracy over images means nothing here
+        raise UserError(f"{args.run} is a {loaded.config.data.name} run (a class for every pixel); eval reports a "
+                        f"classifier's accuracy: `recurvit horizon {args.run}` reports its mazes solved at every size")
+    model, cfg, device, test_loader, _ = open_trained(args, loaded)
     steps = args.steps or model.nominal_steps
     try:
         check_cost(model, test_loader, device, steps, len(test_loader), args)

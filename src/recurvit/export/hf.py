@@ -41,6 +41,9 @@ def model_args(cfg) -> Dict[str, Any]:
 
 def architecture(cfg, model) -> str:
     family = cfg.model.name.partition("_")[0]
+    if getattr(model.cfg, "patch_size", None) is None:  # DeepThinking's conv net: no patches, no timm family
+        raise UserError(f"model {cfg.model.name} is not a ViT and has no timm entry point to export under; "
+                        "use --format safetensors (recurvit.load reads it)")
     name = timm_name(cfg.model.name, model.cfg.patch_size, model.cfg.img_size, PRESET_FAMILY.get(family))
     if name is None:
         raise UserError(f"model {cfg.model.name} has no timm entry point to export under")
