@@ -65,6 +65,7 @@ def run(args) -> int:
                         "(use --json for the list)")
     side = None
     if dense:  # each maze at its own size: checked, and the run priced at the largest, before any work
+        pairs = [(n, im) for n, im in pairs if not Path(n).name.endswith(".path.png")] or pairs  # our own outputs
         check_mazes(pairs)  # a 1x1, 8x8 or 64x64 picture is no maze: one line, nothing written
         check_dense_sides(model, [(n, im.width) for n, im in pairs if im.width == im.height])
         side = max(im.width for _, im in pairs)
