@@ -214,3 +214,88 @@ def test_history_outside_a_repository_is_unknown(tmp_path):
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "results.csv").write_text("run_id\n")
     assert rule_came(tmp_path, path, "c", tmp_path / "results" / "results.csv") == "unknown"
+
+
+def test_a_rule_met_only_at_the_floor_holds_vacuously(tmp_path):
+    """Both cells solve nothing: "within 5 points" and "no drop" are met whatever the models do, so the
+    verdict is "holds vacuously", never "reproduced"; off the floor the same rule reproduces."""
+    claims = {
+        "close": claim("noninferiority", margin=0.05, figure="solved", a={"regime": "vit"}, b={"regime": "naive"},
+                       floor={"solved": 0}),
+        "no_drop": claim("noninferiority", margin=0.01, figure="solved_10T - best", a={"regime": "vit"},
+                         floor={"solved_10T": 0, "best": 0}),
+    }
+    study = load_study(study_file(tmp_path, claims))
+    nothing = [{"regime": g, "train.seed": str(s), "solved": 0.0, "solved_10T": 0.0, "best": 0.0}
+               for g in ("naive", "vit") for s in range(3)]
+    d = decide_all(study.claims, nothing)
+    assert d["close"].verdict == d["no_drop"].verdict == rules.HOLDS_VACUOUSLY
+    assert d["close"].note.endswith("every run at the floor: solved = 0")
+    learned = [{**r, "solved": 0.9, "solved_10T": 0.9, "best": 0.9} for r in nothing]
+    d = decide_all(study.claims, learned)
+    assert d["close"].verdict == d["no_drop"].verdict == rules.REPRODUCED
+    one_off = [dict(r) for r in nothing]
+    one_off[0]["solved"] = 0.01  # one naive run solved something: no longer at the floor, and within 5 points
+    assert decide_all(study.claims, one_off)["close"].verdict == rules.REPRODUCED
+
+
+def test_one_comparison_at_several_sizes_is_one_claim_decided_per_size(tmp_path):
+    sized = claim("noninferiority", margin=0.05, sizes=[9, 17], figure="solved_{size}_10T", a={"regime": "vit"},
+                  b={"regime": "naive"}, floor={"solved_{size}_10T": 0}, label="vit - naive")
+    study = load_study(study_file(tmp_path, {"close": sized}))
+    (c,) = study.claims
+    from recurvit.study.claims import claim_columns
+    assert claim_columns(c) == ["solved_9_10T", "solved_17_10T"]
+    runs = [{"regime": g, "train.seed": str(s), "solved_9_10T": 0.9 + 0.01 * s, "solved_17_10T": 0.0}
+            for g in ("naive", "vit") for s in range(3)]
+    d = decide_all(study.claims, runs)["close"]
+    assert [(name, p.verdict) for name, p in d.parts] == [("9x9", rules.REPRODUCED), ("17x17", rules.HOLDS_VACUOUSLY)]
+    assert d.verdict == "holds, vacuously at some sizes"  # not a reproduction: one size holds only at the floor
+    for r in runs:
+        r["solved_9_10T"] = 0.0
+    assert decide_all(study.claims, runs)["close"].verdict == rules.HOLDS_VACUOUSLY
+    for r in runs:
+        r["solved_17_10T"] = 0.5 if r["regime"] == "naive" else 0.1  # 40 points behind at 17x17
+    assert decide_all(study.claims, runs)["close"].verdict == rules.NOT_REPRODUCED
+    with pytest.raises(UserError, match="{size}"):
+        load_study(study_file(tmp_path / "bad", {"c": {**sized, "figure": "solved_9_10T"}}))
+
+
+def stopping_rows(cell, seed, iters, solved, cap=120):
+    from recurvit.tasks.dense.evaluators import slope
+
+    sizes = [9, 13, 17, 21, 25]
+    row = {"cell": cell, "train.seed": str(seed), "max_iters": cap,
+           "rule_stable_iters_slope": slope(sizes, iters)}
+    for s, i, v in zip(sizes, iters, solved):
+        row[f"rule_stable_iters_{s}"], row[f"rule_stable_solved_{s}"] = i, v
+    return row
+
+
+def test_a_stopping_rule_counts_iterations_only_where_it_solved_and_against_a_control(tmp_path):
+    """Iterations that grow only by never settling (nothing solved, the cap) hold vacuously; growth where
+    mazes were solved, steeper than a control that solves nothing, is reproduced."""
+    grid = {"cell": {"vit": {}, "naive": {}}, "train.seed": [0, 1, 2]}
+    stop = claim("stopping", figure="rule_stable_iters_slope", iters="rule_stable_iters_{size}",
+                 solved="rule_stable_solved_{size}", cap="max_iters", a={"cell": "vit"}, control={"cell": "naive"},
+                 scale=1, unit="iterations")
+    study = load_study(study_file(tmp_path, {"stop": stop}, grid))
+    never = [stopping_rows("naive", s, [70 + s, 100, 115, 120, 120], [0, 0, 0, 0, 0]) for s in range(3)]
+    # the ViT solves 1 maze of 200 at 9x9 and nothing larger: its iterations climb to the cap all the same
+    only_9 = [stopping_rows("vit", s, [40 + 5 * s, 80, 110, 119, 120], [0.005, 0, 0, 0, 0]) for s in range(3)]
+    d = decide_all(study.claims, never + only_9)["stop"]
+    assert d.verdict == rules.HOLDS_VACUOUSLY and dict(d.parts)["every size"].verdict == rules.REPRODUCED
+    assert "seed 0: 9x9 only" in d.note
+    # solved at 9x9 to 17x17, iterations rising there, far steeper than the control: thinking longer
+    thinks = [stopping_rows("vit", s, [12 + s, 35, 65, 119, 120], [0.99, 0.5, 0.1 + 0.01 * s, 0, 0])
+              for s in range(3)]
+    d = decide_all(study.claims, never + thinks)["stop"]
+    assert d.verdict == rules.REPRODUCED, d
+    assert dict(d.parts)["where solved"].estimate > 0 and "seed 1: 9x9 to 17x17" in d.note
+    assert "the control: naive, it solves nothing at any size" in dict(d.parts)["above the control"].note
+    # the same growth where solved, but no steeper over every size than the control: not separated from it
+    flat = [stopping_rows("vit", s, [12 + s, 35, 65, 119, 120], [0.99, 0.5, 0.1, 0, 0]) for s in range(3)]
+    steep = [stopping_rows("naive", s, [5 + 3 * s, 40, 90, 120, 120], [0, 0, 0, 0, 0]) for s in range(3)]
+    assert decide_all(study.claims, steep + flat)["stop"].verdict == rules.NOT_SEPARABLE
+    with pytest.raises(UserError, match="`control` belongs to a stopping claim"):
+        load_study(study_file(tmp_path / "bad", {"c": claim(a={"cell": "vit"}, control={"cell": "naive"})}, grid))

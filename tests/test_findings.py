@@ -95,8 +95,9 @@ def test_studyless_rows_name_their_test_or_what_they_need(tmp_path):
 
 def test_a_benchmark_target_reads_the_interval_and_a_loaded_machine_is_not_a_verdict(tmp_path):
     """A benchmark row: its targets read the JSON a benchmark writes (``ratio.lo``: the lower end of the 95%
-    interval), met or missed; a benchmark that found its machine loaded decides nothing; a figure the file
-    lacks is an error, not a silent miss."""
+    interval), met or missed; a benchmark whose machine was loaded, or that records no load, decides nothing;
+    a ratio above the compute ceiling its entry records is flagged, not reported; a figure the file lacks, or
+    a bound on a ratio's mean, is an error, not a silent miss."""
     import json
 
     spec = c("benchmark", source="recurvit", file="bench/deploy.json", command="python bench.py",
@@ -106,10 +107,11 @@ def test_a_benchmark_target_reads_the_interval_and_a_loaded_machine_is_not_a_ver
     assert line.verdict == "not measured yet" and "`python bench.py` has not run" in line.figure
     (root / "bench").mkdir()
 
-    def write(loaded, b1_lo, b256_lo):
+    def write(loaded, b1_lo, b256_lo, **more):
         ratios = {"b1 onnx bvit over vit": {"mean": 1.1, "lo": b1_lo, "hi": 1.2, "rounds": 10},
                   "b256 onnx bvit over vit": {"mean": 1.0, "lo": b256_lo, "hi": 1.05, "rounds": 10}}
-        (root / "bench" / "deploy.json").write_text(json.dumps({"loaded": loaded, "ratios": ratios}))
+        doc = {"loaded": loaded, "load_before": [0.2, 0.3, 0.4], "load_after": [1.1, 0.5, 0.4], "ratios": ratios}
+        (root / "bench" / "deploy.json").write_text(json.dumps({**doc, **more}))
 
     write(False, 1.02, 0.96)
     (line,) = collect(root)
@@ -117,15 +119,33 @@ def test_a_benchmark_target_reads_the_interval_and_a_loaded_machine_is_not_a_ver
     write(False, 0.98, 0.96)  # the mean clears 1.0, the interval does not: missed
     assert verdicts(root) == {"speed": "target missed"}
     write(True, 1.02, 0.96)
-    assert verdicts(root) == {"speed": "not measured (machine loaded)"}
+    assert verdicts(root) == {"speed": "not measured: loaded"}
+    # with its cores recorded, the claim judges the load itself: 1.5 before the run is above half of 2 cores
+    write(False, 1.02, 0.96, cores=2, load_before=[1.5, 1.0, 1.0])
+    assert verdicts(root) == {"speed": "not measured: loaded"}
+    write(False, 1.02, 0.96, cores=2, load_after=[2.2, 1.0, 1.0])  # 2.2 less its own thread: loaded during it
+    assert verdicts(root) == {"speed": "not measured: loaded"}
+    write(False, 1.02, 0.96, cores=2)
+    assert verdicts(root) == {"speed": "target met"}
+    write(False, 1.02, 0.96, load_before=None)  # no record of the load: decides nothing
+    assert verdicts(root) == {"speed": "not measured: load not recorded"}
     write(False, float("nan"), 0.96)  # one round: no interval, no verdict
-    assert verdicts(root) == {"speed": "not measured (no interval)"}
+    assert verdicts(root) == {"speed": "not measured: no interval"}
+    doc = json.loads((root / "bench" / "deploy.json").read_text())
+    doc["ratios"]["b1 onnx bvit over vit"].update(lo=1.02, ceiling=1.05)  # 1.1 measured, 1.05 possible
+    (root / "bench" / "deploy.json").write_text(json.dumps(doc))
+    (line,) = collect(root)
+    assert line.verdict.startswith("not measured: flagged") and "1.100" not in line.figure
+    assert "b1 onnx bvit over vit flagged: above its compute ceiling of 1.05x" in line.figure
     (root / "bench" / "deploy.json").write_text("{half a file")
     with pytest.raises(UserError, match="not a benchmark's JSON"):
         collect(root)
     write(False, 1.02, 0.96)
     repo(tmp_path, {}, {"speed": {**spec, "targets": {"b1 eager bvit over vit.lo": {"min": 1.0}}}})
     with pytest.raises(UserError, match="no figure b1 eager bvit over vit.lo"):
+        collect(root)
+    repo(tmp_path, {}, {"speed": {**spec, "targets": {"b1 onnx bvit over vit.mean": {"min": 1.0}}}})
+    with pytest.raises(UserError, match="end of its 95% interval: b1 onnx bvit over vit.lo"):
         collect(root)
     with pytest.raises(UserError, match="needs `file`"):
         repo(tmp_path, {}, {"speed": {k: v for k, v in spec.items() if k != "file"}})
@@ -191,11 +211,14 @@ def test_a_target_is_counted_per_seed_not_on_means(tmp_path):
     res = [{"exit_drop_points": 0.3, "exit_steps_pct_T": 40, "exit_speedup": 2.0},
            {"exit_drop_points": 0.7, "exit_steps_pct_T": 40, "exit_speedup": 2.0},  # drops too much
            {"exit_drop_points": 0.1, "exit_steps_pct_T": 55, "exit_speedup": 1.5}]
+    quiet = {"exit_load_before": 0.1, "exit_load_during": 1.0, "exit_cores": 2}  # a speed-up needs its load
+    res = [{**r, **quiet, "exit_speedup_lo": r["exit_speedup"] - 0.05, "exit_speedup_hi": r["exit_speedup"] + 0.05}
+           for r in res]
     write_csv(root / "results" / "tiny", [{**r, **(res[r["train.seed"]] if r["regime"] == "ds3" else {})}
                                           for r in rows({"naive": 0.8, "ds3": 0.8, "vit": 0.8})])
     (line,) = collect(root)
     assert line.verdict == "target met in 2 of 3 seeds"  # the means (0.37, 45%, 1.83x) would meet it
-    assert "0.7, 40, 2" in line.figure and "exit_speedup ≥ 1.4" in render(root)
+    assert "seed 1: 0.7, 40, 2x [1.95, 2.05]" in line.figure and "exit_speedup ≥ 1.4" in render(root)
     with pytest.raises(UserError, match="targets"):
         collect(repo(tmp_path, {"exits": c("target", a={"regime": "ds3"}, targets={"exit_speedup": {"above": 1}})}))
 
@@ -256,3 +279,109 @@ def test_survival_table_compares_the_3_epoch_and_10_epoch_verdicts(tmp_path):
 @pytest.mark.slow
 def test_every_study_claim_of_the_repository_loads_and_the_table_is_current():
     assert script.main(["--check"]) == 0
+
+
+def test_a_vacuous_row_is_counted_apart_and_never_as_reproduced(tmp_path):
+    from recurvit.study.findings_md import by_source
+
+    root = repo(tmp_path, {"close": c("noninferiority", source="recurvit", margin=0.05, figure="solved",
+                                      a={"regime": "vit"}, b={"regime": "naive"}, floor={"solved": 0})})
+    write_csv(root / "results" / "tiny", [{**r, "solved": 0.0} for r in rows({"naive": 0.8, "ds3": 0.8, "vit": 0.8})])
+    (line,) = collect(root)
+    assert line.verdict == "holds vacuously"
+    assert "solved = 0 in every run: it holds whatever the model does" in line.figure
+    table = by_source([line])
+    got = dict(zip(table[0].strip("| ").split(" | "), table[2].strip("| ").split(" | ")))
+    assert got["holds vacuously"] == "1" and got["reproduced (exploratory)"] == got["confirmed"] == "0"
+
+
+def test_a_registered_rule_is_read_beside_its_qualification(tmp_path):
+    """``qualify:`` in studies/claims.yaml: a stopping check of a claim whose rule may not change, from the same
+    runs; met, the row reads "reproduced (qualified)" (never a plain confirmation), met only where nothing is
+    solved, "holds vacuously"; a qualification of a claim no study declares is an error."""
+    from recurvit.tasks.dense.evaluators import slope
+
+    sizes = [9, 13, 17, 21]
+
+    def run(g, s, iters, solved):
+        out = {"run_id": f"{g}__seed={s}", "regime": g, "train.seed": s, "max_iters": 120,
+               "rule_stable_iters_slope": slope(sizes, iters)}
+        for size, i, v in zip(sizes, iters, solved):
+            out[f"rule_stable_iters_{size}"], out[f"rule_stable_solved_{size}"] = i, v
+        return out
+
+    grows = c(source="recurvit", figure="rule_stable_iters_slope", a={"regime": "vit"}, scale=1, unit="iterations")
+    qual = {"rule": "stopping", "why": "never settling passes the rule", "iters": "rule_stable_iters_{size}",
+            "solved": "rule_stable_solved_{size}", "cap": "max_iters", "control": {"regime": "naive"}}
+    root = repo(tmp_path, {"grows": grows}, {})
+    studyless = root / "studies" / "claims.yaml"
+    studyless.write_text(yaml.safe_dump({"claims": {}, "qualify": {"tiny.yaml": {"grows": qual}}}))
+    never = [run("naive", s, [60 + s, 100, 118, 120], [0, 0, 0, 0]) for s in range(3)]
+    thinks = [run("vit", s, [12 + s, 30, 70, 110], [0.95, 0.4, 0.1 + 0.01 * s, 0]) for s in range(3)]
+    write_csv(root / "results" / "tiny", never + thinks)
+    (line,) = collect(root)
+    assert line.verdict == "reproduced (qualified)"
+    assert "qualified (never settling passes the rule; read from the same runs, not registered: exploratory)" \
+        in line.figure and "where solved: +" in line.figure
+    only_9 = [run("vit", s, [40 + 4 * s, 90, 115, 120], [0.005, 0, 0, 0]) for s in range(3)]
+    write_csv(root / "results" / "tiny", never + only_9)
+    assert verdicts(root) == {"grows": "holds vacuously"}
+    studyless.write_text(yaml.safe_dump({"claims": {}, "qualify": {"tiny.yaml": {"nope": qual}}}))
+    with pytest.raises(UserError, match="tiny.yaml nope"):
+        collect(root)
+
+
+SPEED = {"deploy_disagree_points": {"max": 0.5}, "deploy_speedup": {"min": 1.4}}
+
+
+def speed_rows(**per_run):
+    """The ds3 cell's runs with a certified exit's figures: 40% of T's steps, 1.6x [1.5, 1.7] on a quiet
+    machine of 2 cores, unless ``per_run`` says otherwise (column -> one value per seed)."""
+    out = []
+    for r in rows({"naive": 0.8, "ds3": 0.8, "vit": 0.8}):
+        if r["regime"] == "ds3":
+            r.update({"deploy_disagree_points": 0.3, "deploy_steps_pct_T": 40.0, "deploy_speedup": 1.6,
+                      "deploy_speedup_lo": 1.5, "deploy_speedup_hi": 1.7, "deploy_load_before": 0.2,
+                      "deploy_load_during": 1.1, "deploy_cores": 2})
+            r.update({k: v[r["train.seed"]] for k, v in per_run.items()})
+        out.append(r)
+    return out
+
+
+def test_a_speed_target_decides_only_from_a_quiet_machine_on_its_interval_below_its_ceiling(tmp_path):
+    root = repo(tmp_path, {"exit": c("target", source="recurvit", a={"regime": "ds3"}, targets=SPEED, label="ds3")})
+    write_csv(root / "results" / "tiny", speed_rows())
+    assert verdicts(root) == {"exit": "target met in every seed"}
+    # a machine loaded before the timing (2.4 of 2 cores), or during it: the row decides nothing
+    write_csv(root / "results" / "tiny", speed_rows(deploy_load_before=[0.2, 2.4, 0.2]))
+    (line,) = collect(root)
+    assert line.verdict == "not measured: loaded"
+    assert "a speed-up timed on a loaded machine decides nothing" in line.figure
+    write_csv(root / "results" / "tiny", speed_rows(deploy_load_during=[1.1, 1.1, 3.0]))
+    assert verdicts(root) == {"exit": "not measured: loaded"}
+    write_csv(root / "results" / "tiny", [{k: v for k, v in r.items() if "load" not in k} for r in speed_rows()])
+    assert verdicts(root) == {"exit": "not measured: load not recorded"}
+    # the lower end of the interval decides: 1.45x on the mean, [1.35, 1.55]: missed in that seed
+    write_csv(root / "results" / "tiny", speed_rows(deploy_speedup=[1.6, 1.45, 1.6],
+                                                    deploy_speedup_lo=[1.5, 1.35, 1.5]))
+    assert verdicts(root) == {"exit": "target met in 2 of 3 seeds"}
+    write_csv(root / "results" / "tiny", [{k: v for k, v in r.items() if not k.endswith("_lo")} for r in speed_rows()])
+    assert verdicts(root) == {"exit": "not measured: no interval"}
+    # 2.8x while running 40% of T's steps: above the 2.5x the skipped steps allow, flagged and not reported
+    write_csv(root / "results" / "tiny", speed_rows(deploy_speedup=[1.6, 2.8, 1.6], deploy_speedup_lo=[1.5, 2.6, 1.5]))
+    (line,) = collect(root)
+    assert line.verdict == "target met in 2 of 3 seeds; 1 flagged (speed-up above its compute ceiling)"
+    assert "seed 1: 0.3, flagged: above its compute ceiling of 2.5x (40.0% of T's steps; the step ratio alone" \
+        in line.figure
+    assert "2.8" not in line.figure
+    # the embedding and the readout counted: 2.2x is under the step ratio's 2.5x but above what they allow
+    write_csv(root / "results" / "tiny", speed_rows(deploy_speedup=[1.6, 2.2, 1.6], deploy_speedup_lo=[1.5, 2.0, 1.5],
+                                                    steps=[6] * 3, deploy_flops_step=[1e6] * 3,
+                                                    deploy_flops_embed=[5e5] * 3, deploy_flops_readout=[5e5] * 3))
+    (line,) = collect(root)  # (0.5 + 6 + 0.5) / (0.5 + 2.4 + 0.5) = 2.06x
+    assert line.verdict.endswith("1 flagged (speed-up above its compute ceiling)")
+    assert "ceiling of 2.06x (40.0% of T's steps; embedding and readout counted)" in line.figure
+    # flagged, but missed on another bound anyway: counted as missed
+    write_csv(root / "results" / "tiny", speed_rows(deploy_speedup=[1.6, 2.8, 1.6], deploy_speedup_lo=[1.5, 2.6, 1.5],
+                                                    deploy_disagree_points=[0.3, 0.9, 0.3]))
+    assert verdicts(root) == {"exit": "target met in 2 of 3 seeds"}

@@ -34,7 +34,16 @@ Rule kinds and their keys (margins are in the figure's own units: accuracy as a 
 - ``all_of`` (``parts``: claim ids of the same study, optional ``qualified: {when: [ids], verdict: ...}``):
   not measured when any part is, reproduced when every part is, not reproduced when any part is not;
   ``qualified`` names the verdict when the claim as a whole is not reproduced but the parts in ``when``
-  are (never while another part is not measured or not separable: it could still hold).
+  are (never while another part is not measured or not separable: it could still hold); it holds
+  vacuously when every part holds, some only vacuously.
+- ``stopping`` (``a``, ``figure``, ``iters``, ``solved``, optional ``cap`` and ``control``): a per-input stopping
+  rule's iterations grow with size where the inputs it stopped on were solved, and beyond a control cell
+  that solves nothing (:mod:`recurvit.study.vacuous`).
+
+Any comparison or level may name ``floor`` (results columns -> the value at which its rule holds whatever
+the model does: it then "holds vacuously", never "reproduced") and ``sizes`` (one comparison decided at
+each size, ``{size}`` in its figure, floor and label; one claim, counted once): :mod:`recurvit.study.vacuous`.
+A target's speed-up bounds are read through :mod:`recurvit.study.speed` (load, interval, compute ceiling).
 
 A ``figure`` is a column, ``"col_a - col_b"`` (per run), or a mapping
 ``{mean_of: [cols], minus: col, skip_own: axis}``: the per-run mean of the columns less ``minus``,
@@ -45,12 +54,18 @@ Claims that no study here can measure live in a study-less claims file with kind
 (a count of :mod:`scripts.accounting` against the paper's figure), ``identity`` (a test that holds an
 exact identity, named ``tests/file.py::test``), ``needs`` (what it needs, and the command that
 would test it) and ``benchmark`` (``file``: a benchmark's JSON of figures, ``command``: what writes it,
-``targets``: figure -> ``{max: v}`` or ``{min: v}``, a figure named ``"ratio.lo"`` for a key of one of its
-ratios; met or missed, and not measured where the benchmark says its machine was loaded).
+``targets``: figure -> ``{max: v}`` or ``{min: v}``, a figure named ``"ratio.lo"`` (``max``: ``.hi``) for a key
+of one of its ratios; met or missed, and not measured where its machine was loaded or its load is not
+recorded, or a ratio is above the compute ceiling it records: :mod:`recurvit.study.speed`). The study-less
+file's ``qualify:`` reads a registered claim, whose rule may not change, beside a ``stopping`` check from the
+same runs (:func:`recurvit.study.findings.qualifications`).
 
 Any claim may name ``seen``: earlier results files (paths from the repository's root) that held the
 same figures before they moved to this study's results, so that whether its rule came before its
-results is read against the first of them (:mod:`recurvit.study.history`).
+results is read against the first of them (:mod:`recurvit.study.history`). Whether its rule came before
+its results is read against every file it reads (its study's results, each ``budgets`` folder, ``seen``,
+a benchmark's ``file``): a claim reading results from both sides of its rule is "mixed"
+(:mod:`recurvit.study.inputs`).
 
 A label that a claim names and its study does not have is an error (:class:`UserError`), never a
 silent "not measured". No claim branches on a core's name: cells are grid labels.
@@ -62,23 +77,23 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
 from ..errors import UserError
-from . import rules
-from .cells import SEED_KEY, Row, as_number, figure_columns, in_cell, pair, values
-from .targets import per_seed_target
+from . import rules, vacuous
+from .cells import SEED_KEY, Row, as_number, by_seed, figure_columns, in_cell, pair, values
+from .claim_checks import ROW_KINDS, check_claim
+from .targets import decide_target
 
 RULE_KINDS = ("superiority", "noninferiority", "equivalence", "trend", "near_chance", "heterogeneity", "target",
-              "all_of")
-ROW_KINDS = ("accounting", "identity", "needs", "benchmark")
+              "all_of", "stopping")
 NOT_TESTED = "not tested (the reference did not train)"
 KEYS = {"source", "words", "data", "rule", "figure", "a", "b", "side", "margin", "by", "paired", "label", "axis", "x",
         "log2", "x_name", "chance", "groups", "parts", "qualified", "scale", "unit", "count", "paper", "test", "needs",
         "command", "note", "reference_baseline", "targets", "seen", "budgets",
-        "tolerance", "also", "paper_value", "file"}
+        "tolerance", "also", "paper_value", "file", "sizes", "floor", "control", "iters", "solved", "cap"}
 
 
 @dataclass
@@ -129,7 +144,7 @@ def load_claims(path: Path, labels: Optional[Dict[str, List[str]]] = None,
             if not spec.get(key):
                 raise UserError(f"{where}: `{key}` is missing")
         claim = Claim(str(cid), spec["source"], spec["words"], rule, spec, path, results, labels or {})
-        _check_labels(claim, where)
+        check_claim(claim, where)
         out.append(claim)
     ids = {c.id for c in out}
     for c in out:
@@ -139,96 +154,52 @@ def load_claims(path: Path, labels: Optional[Dict[str, List[str]]] = None,
     return out
 
 
-def _check_targets(claim: Claim, where: str) -> None:
-    t = claim.spec.get("targets")
-    ok = isinstance(t, dict) and t and all(
-        isinstance(b, dict) and len(b) == 1 and set(b) <= {"max", "min"}
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in b.values()) for b in t.values())
-    if not ok:
-        raise UserError(f"{where}: a {claim.rule} claim needs `targets` mapping figures to {{max: number}} or "
-                        "{min: number}")
-
-
-def _check_labels(claim: Claim, where: str) -> None:
-    if claim.rule == "benchmark":
-        _check_targets(claim, where)
-        if not claim.spec.get("file") or not claim.spec.get("command"):
-            raise UserError(f"{where}: a benchmark claim needs `file` (its JSON) and `command` (what writes it)")
-    if claim.rule in ROW_KINDS:
-        return
-    if claim.rule == "target":
-        t = claim.spec.get("targets")
-        ok = isinstance(t, dict) and t and all(
-            isinstance(b, dict) and len(b) == 1 and set(b) <= {"max", "min"}
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in b.values()) for b in t.values())
-        if not ok or "a" not in claim.spec:
-            raise UserError(f"{where}: a target claim needs `a` and `targets` mapping columns to "
-                            "{max: number} or {min: number}")
-    if claim.rule != "all_of" and not claim.labels:
-        raise UserError(f"{where}: a {claim.rule} claim needs a study grid")
-    cells = [claim.spec.get(k) for k in ("a", "b")] + list((claim.spec.get("groups") or {}).values())
-    for cell in cells:
-        if cell is None:
-            continue
-        if not isinstance(cell, dict):
-            raise UserError(f"{where}: a cell is a mapping axis -> label, got {cell!r}")
-        for axis, label in cell.items():
-            if axis not in claim.labels:
-                raise UserError(f"{where}: the study has no axis {axis!r} (axes: {', '.join(claim.labels)})")
-            for one in (label if isinstance(label, list) else [label]):
-                if str(one) not in claim.labels[axis]:
-                    raise UserError(f"{where}: the study's axis {axis!r} has no label {one!r} "
-                                    f"(labels: {', '.join(claim.labels[axis])})")
-    budgets = claim.spec.get("budgets")
-    if budgets is not None and (claim.rule != "trend" or not isinstance(budgets, dict) or len(budgets) < 3
-                                or "axis" in claim.spec):
-        raise UserError(f"{where}: `budgets` (x -> results folder, 3 or more) belongs to a trend claim without `axis`")
-    axis = claim.spec.get("axis")
-    if axis is not None:
-        if axis not in claim.labels:
-            raise UserError(f"{where}: the study has no axis {axis!r}")
-        missing = sorted(set(map(str, claim.spec.get("x", {}))) - set(claim.labels[axis]))
-        if missing:
-            raise UserError(f"{where}: the study's axis {axis!r} has no label(s) {', '.join(missing)}")
-
-
 # ---------------------------------------------------------------------------------- figures
+def claim_figures(claim: Claim) -> List[Any]:
+    """The figures a claim reads: its figure, or one a size (``sizes``)."""
+    fig = claim.spec.get("figure", "acc_T")
+    return [vacuous.with_size(claim.spec, size)["figure"] for size in claim.spec["sizes"]] if "sizes" in claim.spec \
+        else [fig]
+
+
 def claim_columns(claim: Claim) -> List[str]:
     """The results.csv columns a claim's rule reads (none for a claim made of others)."""
     if claim.rule == "all_of":
         return []
     if claim.rule == "target":
         return list(claim.spec["targets"])
-    return figure_columns(claim.spec.get("figure", "acc_T"))
+    return [c for fig in claim_figures(claim) for c in figure_columns(fig)]
 
 
 # ---------------------------------------------------------------------------------- deciding
 def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Decision]] = None) -> rules.Decision:
-    """The claim's rule applied to a study's rows (``decided``: the study's other claims, for ``all_of``)."""
-    s, fig = claim.spec, claim.spec.get("figure", "acc_T")
-    paired = bool(s.get("paired", False))
+    """The claim's rule applied to a study's rows (``decided``: the study's other claims, for ``all_of``): one
+    decision a size with ``sizes``, "holds vacuously" where met only at its ``floor``."""
+    if "sizes" in claim.spec:
+        return vacuous.of_sizes([(vacuous.size_name(size), decide(
+            replace(claim, spec=vacuous.with_size(claim.spec, size)), rows, decided)) for size in claim.spec["sizes"]])
     if claim.rule == "all_of":
         return _all_of(claim, decided or {})
+    if claim.rule == "stopping":
+        return vacuous.stopping(claim.spec, rows)
+    return vacuous.vacuous(_decide(claim, rows), claim.spec, rows)
+
+
+def _decide(claim: Claim, rows: List[Row]) -> rules.Decision:
+    s, fig = claim.spec, claim.spec.get("figure", "acc_T")
+    paired = bool(s.get("paired", False))
     if claim.rule == "trend":
         xs, ys = [], []
-        for label, x, here, cell in _trend_points(claim, rows):
-            a = values(here, {**cell, **s.get("a", {})}, fig)
-            if "b" in s:
-                got = [p - q for p, q in zip(*pair(a, values(here, {**cell, **s["b"]}, fig), True))]
-            else:
-                got = [v for _, v in a]
+        for _, x, got in trend_values(claim, rows):
             xs += [float(x)] * len(got)
-            ys += got
+            ys += [v for _, v in got]
         return rules.trend(xs, ys, side=int(s.get("side", 1)), log2_x=bool(s.get("log2", False)))
     if claim.rule == "heterogeneity":
         groups = {name: [v for _, v in values(rows, cell, fig)] for name, cell in s["groups"].items()}
         return rules.heterogeneity(groups, float(s["margin"]))
     if claim.rule == "target":
         cell = sorted((r for r in rows if in_cell(r, s["a"])), key=lambda r: str(r.get(SEED_KEY, r.get("seed"))))
-        runs = [{c: as_number(r.get(c)) for c in s["targets"]} for r in cell]
-        d = per_seed_target(runs, s["targets"])
-        per_seed = "; ".join(", ".join("-" if v is None else f"{v:.3g}" for v in run.values()) for run in runs)
-        return replace(d, note=f"per seed ({', '.join(s['targets'])}): {per_seed}")
+        return decide_target(cell, s["targets"])
     a = values(rows, s["a"], fig)
     unfilled = _unfilled_labels(rows, s["a"], fig) + (_unfilled_labels(rows, s["b"], fig) if "b" in s else [])
     if unfilled:
@@ -255,6 +226,11 @@ def decide(claim: Claim, rows: List[Row], decided: Optional[Dict[str, rules.Deci
     return rules.equivalence(x, y, float(s["margin"]), paired=paired)
 
 
+def budget_folder(claim: Claim, folder: Any) -> Path:
+    """A ``budgets`` entry's results folder (relative to the study file)."""
+    return (claim.study.parent / str(folder)).resolve() if claim.study else Path(str(folder))
+
+
 def _trend_points(claim: Claim, rows: List[Row]):
     """(label, x, the rows it reads, the cell that picks its x) of each point of a trend claim: a grid axis's
     labels, or with ``budgets`` the runs of each named results folder (this study's own rows for its own)."""
@@ -263,7 +239,7 @@ def _trend_points(claim: Claim, rows: List[Row]):
         return [(label, x, rows, {s["axis"]: label}) for label, x in s["x"].items()]
     out = []
     for x, folder in s["budgets"].items():
-        where = (claim.study.parent / str(folder)).resolve() if claim.study else Path(str(folder))
+        where = budget_folder(claim, folder)
         if claim.results is not None and where == Path(claim.results).resolve():
             here = rows
         else:
@@ -271,6 +247,27 @@ def _trend_points(claim: Claim, rows: List[Row]):
             here = list(csv.DictReader(csv_path.open())) if csv_path.is_file() else []
         out.append((str(x), float(x), here, {}))
     return out
+
+
+def trend_values(claim: Claim, rows: List[Row]) -> List[Tuple[str, float, List[Tuple[str, float]]]]:
+    """(x label, x, [(seed, value)]) of each x of a trend claim: a's figure, or the paired gap a - b per seed."""
+    s, fig = claim.spec, claim.spec.get("figure", "acc_T")
+    out = []
+    for label, x, here, cell in _trend_points(claim, rows):
+        a = values(here, {**cell, **s.get("a", {})}, fig)
+        if "b" in s:
+            da, db = by_seed(a, "a"), by_seed(values(here, {**cell, **s["b"]}, fig), "b")
+            got = [(seed, da[seed] - db[seed]) for seed in sorted(da.keys() & db.keys())]
+        else:
+            got = a
+        out.append((label, x, got))
+    return out
+
+
+def with_budgets(claim: Claim, labels: Sequence[str]) -> Claim:
+    """A budgets trend restricted to the budgets ``labels`` (its reading on part of its inputs)."""
+    return replace(claim, spec={**claim.spec, "budgets": {x: f for x, f in claim.spec["budgets"].items()
+                                                          if str(x) in set(labels)}})
 
 
 POOLED = "fewer than 2 runs yet of the pooled label(s)"
@@ -312,6 +309,8 @@ def _all_of(claim: Claim, decided: Dict[str, rules.Decision]) -> rules.Decision:
         verdict = rules.NOT_MEASURED
     elif all(v == rules.REPRODUCED for v in verdicts):
         verdict = rules.REPRODUCED
+    elif all(v in (rules.REPRODUCED, rules.HOLDS_VACUOUSLY) for v in verdicts):
+        verdict = rules.HOLDS_VACUOUSLY
     elif any(v == rules.NOT_REPRODUCED for v in verdicts):
         verdict = rules.NOT_REPRODUCED
     else:

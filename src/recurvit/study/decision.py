@@ -13,6 +13,9 @@ REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 NOT_SEPARABLE = "not separable at this scale"
 NOT_MEASURED = "not measured"
+# a rule met only because every quantity it reads sits at a floor or ceiling that makes it hold whatever the
+# model does (both cells solve nothing): never a reproduction (recurvit.study.vacuous)
+HOLDS_VACUOUSLY = "holds vacuously"
 
 ALPHA = 1 - CONFIDENCE  # 0.05: the level of every test here
 
@@ -21,7 +24,7 @@ ALPHA = 1 - CONFIDENCE  # 0.05: the level of every test here
 class Decision:
     """The verdict on a claim and the number that decided it (an estimate with its interval and p-value)."""
 
-    verdict: str  # REPRODUCED / NOT_REPRODUCED / NOT_SEPARABLE / NOT_MEASURED
+    verdict: str  # REPRODUCED / NOT_REPRODUCED / NOT_SEPARABLE / NOT_MEASURED (or HOLDS_VACUOUSLY, a claim's)
     estimate: float  # the deciding number (difference of means, slope, mean, ...), in the units given
     lo: float  # its interval (95% two-sided unless the rule says otherwise)
     hi: float
@@ -30,6 +33,7 @@ class Decision:
     seeds_needed: float  # seeds per group to decide (power.seeds_needed at the rule's boundary); nan where
     # not defined; inf when the effect sits on the boundary
     note: str = ""  # e.g. "TOST at ±0.005, 90% interval"
+    parts: tuple = ()  # (name, Decision) of each part a claim is decided in (one a size: recurvit.study.vacuous)
 
     def __post_init__(self) -> None:
         # plain Python numbers (not numpy scalars), so decisions compare, print and serialise cleanly

@@ -4,30 +4,36 @@ Claims are declared in the study files (``claims:``, see :mod:`recurvit.study.cl
 study here measures (counts, tested identities, what would need ImageNet or a GPU) in the study-less
 file ``studies/claims.yaml``. Nothing here trains or evaluates: the table is computed from the
 committed ``results/*/results.csv`` (and ``results/accounting/counts.json``),
-and whether each rule came before its results is read from the repository's history.
+and whether each rule came before its results is read from the repository's history, against every file
+the claim reads (:mod:`recurvit.study.inputs`: a claim reading results from both sides of its rule is
+"mixed", decided on the points after its rule and shown on every point beside). A rule met only at a floor
+"holds vacuously" (:mod:`recurvit.study.vacuous`); a speed-up decides only from a quiet machine, on its
+interval, below its compute ceiling (:mod:`recurvit.study.speed`).
 
     python scripts/findings.py           # writes results/findings.md (and the SoftMoR figure)
     python scripts/findings.py --check   # CI: exit 1 when findings.md is out of date
 """
 from __future__ import annotations
 
-import json
 import math
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import yaml
 
 from ..errors import UserError
-from . import rules
-from .cells import SEED_KEY, Row, as_number, figure_of, in_cell
-from .claims import NOT_TESTED, POOLED, Claim, claim_columns, decide_all, load_claims
+from . import rules, vacuous
+from .claim_checks import check_claim
+from .claims import NOT_TESTED, POOLED, Claim, claim_columns, decide, decide_all, load_claims, with_budgets
 from .history import file_commits, rule_came, show
+from .inputs import (Input, after_rule, budget_inputs, claim_cells, data_with_seeds, mixed, reads_any,  # noqa: F401
+                     seeds_per_cell)
 from .registration import CONFIRMATORY, EXPLORATORY, PENDING, Evidence, evidence
 from .report import rows_from_csv, rows_from_text
 from .spec import load_study
 from .stats import fmt_p
-from .targets import per_seed_target
+from .studyless import studyless_row
 
 SOURCES = ("Crossroads", "bViT", "SR-ViT", "LoopVAE", "recurvit")  # the table's order: the abstracts' claims first
 STUDYLESS = "claims.yaml"
@@ -44,7 +50,9 @@ RULE_TEXT = {
     "needs": "needs",
     "benchmark": "a target on a benchmark's figures: {bounds}",
     "target": "a target met per seed (counted, no mean taken): {bounds}",
+    "stopping": "stopping rule: its per-run slope of iterations over size where it solved, above 0{control}",
 }
+QUALIFIED = "reproduced (qualified)"  # a registered rule met, and its qualification (studies/claims.yaml) too
 
 
 @dataclass
@@ -53,8 +61,11 @@ class Line:
     study: str               # the results folder's name ("" for a study-less claim)
     figure: str
     verdict: str
-    came: str                # "before" / "after" / "no results yet" / "-"
+    came: str                # "before" / "after" / "mixed: k before, m after" / "no results yet" / "-"
     evidence: Evidence = Evidence(EXPLORATORY, "")  # confirmatory / registered, pending / exploratory
+    data: str = ""           # the row's data with what the files say in it ("": the claim's words)
+    all_points: Optional[str] = None  # a mixed row: the verdict on every point (exploratory); ``verdict`` is
+    # then the one on the points committed after the rule (a registered study's: the confirmatory reading)
 
 
 def _margin(claim: Claim) -> str:
@@ -70,28 +81,53 @@ def rule_text(claim: Claim) -> str:
     over = f" over log2({axis})" if s.get("log2") else f" over {axis}" if axis else ""
     bounds = ", ".join(f"{c} {'≤' if 'max' in b else '≥'} {b.get('max', b.get('min')):g}"
                        for c, b in (s.get("targets") or {}).items())
+    control = f", and beyond the control {'/'.join(map(str, s['control'].values()))}" if s.get("control") else ""
     text = RULE_TEXT[claim.rule].format(margin=_margin(claim), over=over, parts=", ".join(s.get("parts", [])),
-                                        bounds=bounds)
+                                        bounds=bounds, control=control)
     if claim.rule == "superiority" and s.get("by"):
         text = text.replace("on the claimed side", f"beyond {float(s['by']) * claim.scale:g} {claim.unit}")
+    if s.get("sizes"):
+        text += f", at each size ({', '.join(map(vacuous.size_name, s['sizes']))})"
     return text
 
 
 def decision_text(claim: Claim, d: rules.Decision) -> str:
+    """The row's deciding figure: the claim's label, then what decided it."""
     label = claim.spec.get("label", claim.id)
-    if claim.rule == "all_of" or d.verdict == NOT_TESTED:
-        return f"{label}: {d.note}" if claim.rule != "all_of" else d.note
-    if d.verdict == rules.NOT_MEASURED and d.note.startswith(POOLED):
-        return f"{label}: {d.note}"
+    if claim.rule == "all_of":
+        return d.note
+    return f"{label}: {_body(claim, d)}"
+
+
+def _fmt(claim: Claim, d: rules.Decision) -> str:
+    return rules.fmt_decision(d, scale=claim.scale, unit=claim.unit)
+
+
+def _body(claim: Claim, d: rules.Decision, short: bool = False) -> str:
+    if "sizes" in claim.spec and d.parts:  # one comparison, a figure a size
+        return "; ".join(f"{name}: {_body(replace(claim, spec=vacuous.with_size(claim.spec, size)), part, True)} "
+                         f"({part.verdict})" for size, (name, part) in zip(claim.spec["sizes"], d.parts))
+    if claim.rule == "stopping" and d.parts:
+        shown = []
+        for name, part in d.parts:
+            if name == "above the control":
+                name += f" ({part.note.split('; the control: ', 1)[-1]})"
+            shown.append(f"{name}: {_fmt(claim, part)} ({part.verdict})")
+        return "; ".join(shown) + f"; {d.note}"
+    if d.verdict == NOT_TESTED or (d.verdict == rules.NOT_MEASURED and d.note.startswith(POOLED)):
+        return d.note
     if d.verdict == rules.NOT_MEASURED:
-        return f"{label}: fewer than 2 runs per cell" if claim.rule != "target" else f"{label}: no run evaluated yet"
+        if claim.rule == "target":
+            return "no run evaluated yet"
+        return d.note if "distinct x" in d.note else "fewer than 2 runs per cell"
     if claim.rule == "target":
-        return f"{label}: {d.note}"
+        return d.note
     if claim.rule == "near_chance":  # a level, not a difference: no sign, and the chance it is held to
-        text = (f"{label}: {d.estimate * claim.scale:.2f}% [{d.lo * claim.scale:.2f}, {d.hi * claim.scale:.2f}], "
-                f"p = {fmt_p(d.p)} ({d.note})")
+        note = d.note.split(f"; {vacuous.AT_FLOOR}")[0]
+        text = (f"{d.estimate * claim.scale:.2f}% [{d.lo * claim.scale:.2f}, {d.hi * claim.scale:.2f}], "
+                f"p = {fmt_p(d.p)} ({note})")
     else:
-        text = f"{label}: " + rules.fmt_decision(d, scale=claim.scale, unit=claim.unit)
+        text = _fmt(claim, d)
     n = min(d.n) if d.n else 0
     if not math.isnan(d.seeds_needed) and d.verdict == rules.NOT_SEPARABLE:
         need = "more than 1000" if math.isinf(d.seeds_needed) else f"{d.seeds_needed:.0f}"
@@ -100,144 +136,13 @@ def decision_text(claim: Claim, d: rules.Decision) -> str:
             text += f" (n = {n} runs; at this effect and spread the rule decides with {need} seeds per {per})"
         else:
             text += f" (n = {n}; at this effect and spread the rule decides with {need} seeds)"
+    if d.verdict == rules.HOLDS_VACUOUSLY:
+        text += f", {d.note.split(vacuous.AT_FLOOR, 1)[-1]} in every run" + (
+            "" if short else ": it holds whatever the model does")
     return text
 
 
-def _studyless(claim: Claim, root: Path, run_tests: bool = True) -> Tuple[str, str]:
-    s = claim.spec
-    if claim.rule == "identity":  # test: one test, or a list of them (each must exist, and is run)
-        tests = s["test"] if isinstance(s["test"], list) else [s["test"]]
-        for test in tests:
-            file, _, name = test.partition("::")
-            path = root / file
-            if not path.is_file() or not re.search(rf"^def {re.escape(name)}\(", path.read_text(), re.M):
-                raise UserError(f"claim {claim.id}: test {test} does not exist")
-        failing = run_identity_tests(root, tests) if run_tests else []
-        figure = ", ".join(f"`{t}`" for t in tests)
-        if failing:
-            return figure + f" (failing: {', '.join(f'`{t}`' for t in failing)})", "failing"
-        return figure, "identity, tested"
-    if claim.rule == "accounting":
-        return _accounting(claim, root)
-    if claim.rule == "benchmark":
-        return _benchmark(claim, root)
-    return f"`{s['command']}`", f"needs {s['needs']}"
-
-
-def run_identity_tests(root: Path, tests: Sequence[str]) -> List[str]:
-    """Run the identity tests now (pytest, in the repository); the ones that did not pass."""
-    import subprocess
-    import sys
-
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *tests],
-                         cwd=root, capture_output=True, text=True)
-    if res.returncode == 0:
-        return []
-    out = res.stdout + res.stderr
-    failed = [t for t in tests if re.search(rf"(FAILED|ERROR) {re.escape(t)}\b", out)]
-    return failed or list(tests)
-
-
-def _accounting(claim: Claim, root: Path) -> Tuple[str, str]:
-    """A count at the paper's size against the paper's figure, within ``tolerance`` (relative, e.g. 0.05): the
-    row is **within tolerance** or **outside tolerance** (it can fail). ``also``: more counts of the same
-    entry held to their paper figures (e.g. the model's size, which a ratio's claim presupposes)."""
-    s = claim.spec
-    counts_file = root / "results" / "accounting" / "counts.json"
-    if not counts_file.is_file():
-        return "`python scripts/accounting.py` has not run", "not measured yet"
-    entries = {e["claim"]: e for e in json.loads(counts_file.read_text())["claims"]}
-    want = s["count"]  # {claim: <entry>, figure: <key of its measured counts>, text: "format {}"}
-    entry = entries.get(want["claim"])
-    if entry is None or want["figure"] not in entry["measured"]:
-        raise UserError(f"claim {claim.id}: {counts_file} has no count {want['claim']}/{want['figure']}")
-    got = entry["measured"][want["figure"]]
-    text = want["text"].format(*got.values()) if isinstance(got, dict) else want["text"].format(got)
-    paper = s.get("paper_value", entry["paper"].get(want.get("paper", want["figure"])))
-    tol = s.get("tolerance")
-    if tol is None:
-        raise UserError(f"claim {claim.id}: an accounting row needs a tolerance (relative, e.g. 0.05)")
-    checks = [(want["figure"], got, paper)] + [(f, entry["measured"].get(f), entry["paper"].get(f))
-                                               for f in s.get("also", [])]
-    worst, notes = 0.0, []
-    for figure, value, ref in checks:
-        if not isinstance(ref, (int, float)) or value is None:
-            raise UserError(f"claim {claim.id}: {figure} needs a measured count and a numeric paper figure "
-                            "(paper_value: in the claim where the paper states it in words)")
-        for v in (value.values() if isinstance(value, dict) else [value]):
-            off = abs(float(v) - ref) / abs(ref)
-            worst = max(worst, off)
-            notes.append(f"{figure} {v:,.4g} vs paper {ref:,.4g}: {100 * off:.1f}% off")
-    verdict = "within tolerance" if worst <= float(tol) else "outside tolerance"
-    return f"{text} ({'; '.join(notes)}; tolerance {100 * float(tol):g}%)", verdict
-
-
-def _benchmark(claim: Claim, root: Path) -> Tuple[str, str]:
-    """A project's target on the figures of a benchmark's JSON (``file``; a figure ``"name.lo"`` reads the
-    lower end of the 95% interval of ratio ``name``): **target met** or **target missed**; not measured when
-    the file is absent or the benchmark found its machine loaded (its speeds are then not quotable)."""
-    s = claim.spec
-    path = root / s["file"]
-    if not path.is_file():
-        return f"`{s['command']}` has not run", "not measured yet"
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as e:
-        raise UserError(f"claim {claim.id}: {path} is not a benchmark's JSON ({e}); run `{s['command']}` again") from None
-    got, notes = {}, []
-    for key in s["targets"]:
-        name, _, part = key.rpartition(".") if key.endswith((".lo", ".hi", ".mean")) else (key, "", "")
-        entry = data.get("ratios", {}).get(name) if part else data.get(key)
-        v = entry.get(part) if part and isinstance(entry, dict) else entry
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise UserError(f"claim {claim.id}: {path} has no figure {key}")
-        got[key] = float(v)
-        if part:
-            notes.append(f"{name} {entry['mean']:.3f} [{entry['lo']:.3f}, {entry['hi']:.3f}] ({entry['rounds']} rounds)")
-        else:
-            notes.append(f"{key} {v:.3g}")
-    figure = f"`{s['command']}`: " + "; ".join(notes)
-    if data.get("loaded"):
-        return figure + " — the machine was loaded: not quotable", "not measured (machine loaded)"
-    if any(math.isnan(v) for v in got.values()):  # an interval of one round
-        return figure + " — no interval (one round)", "not measured (no interval)"
-    d = per_seed_target([got], s["targets"])
-    return figure, "target met" if d.estimate == 1 else "target missed"
-
-
-# --------------------------------------------------------------- which runs a claim reads (history)
-def claim_cells(claim: Claim) -> List[Dict[str, Any]]:
-    """The cells whose runs a claim reads (none for a claim made of others)."""
-    s = claim.spec
-    cells = [s[k] for k in ("a", "b") if isinstance(s.get(k), dict)] + list((s.get("groups") or {}).values())
-    if claim.rule == "trend" and "budgets" in s:  # its own study's runs: the cells a and b
-        return [s.get("a", {})] + ([s["b"]] if "b" in s else [])
-    if claim.rule == "trend":
-        cells = [{s["axis"]: label, **side} for label in s["x"] for side in ([s.get("a", {})] + (
-            [s["b"]] if "b" in s else []))]
-    return cells
-
-
-def _has_figure(claim: Claim, row: Row) -> bool:
-    if claim.rule == "target":
-        return any(as_number(row.get(c)) is not None for c in claim.spec["targets"])
-    return figure_of(row, claim.spec.get("figure", "acc_T")) is not None
-
-
-def reads_any(claim: Claim, rows: Iterable[Row]) -> bool:
-    """Whether ``rows`` hold any run of the claim's cells with its figure (results it reads, decided or not)."""
-    cells = claim_cells(claim)
-    return any(_has_figure(claim, r) for r in rows if any(in_cell(r, c) for c in cells))
-
-
-def seeds_per_cell(claim: Claim, rows: Iterable[Row]) -> int:
-    """The most seeds any one of the claim's cells has with its figure among ``rows`` (0 for a claim made
-    of others)."""
-    rows = [r for r in rows if _has_figure(claim, r)]
-    return max((len({str(r.get(SEED_KEY, r.get("seed"))) for r in rows if in_cell(r, cell)})
-                for cell in claim_cells(claim)), default=0)
-
-
+# --------------------------------------------------------------- history
 def _decided_at(root: Path, study: Any, results: Path) -> Callable[[str], Tuple[list, Dict[str, rules.Decision]]]:
     """(rows, the study's claims decided on them) of its results.csv as each commit held it (computed
     once a commit)."""
@@ -288,9 +193,60 @@ def _grown(came: str, claim: Claim, rows: list, earlier: Callable, root: Path, r
     return f"before; seeds per cell raised from {then} to {now} after a verdict was committed: nominal level"
 
 
+def _points(inputs: List[Input], labels: List[str], unit: str) -> str:
+    """"3, 10 and 30 epochs: 9 points" of the inputs named ``labels``."""
+    mine = [i for i in inputs if i.label in labels]
+    names = [i.label for i in mine]
+    shown = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"{shown}{f' {unit}' if unit else ''}: {sum(i.points for i in mine)} points"
+
+
+def _mixed(line: Line, c: Claim, rows: list, inputs: List[Input], registered: bool) -> None:
+    """A row whose inputs straddle its rule: its verdict on the points committed after the rule alone (a
+    registered study's confirmatory reading) beside the one on every point (exploratory)."""
+    late = after_rule(inputs)
+    early = [i.label for i in inputs if i.points and i.label not in late]
+    d_late = decide(with_budgets(c, late), rows)
+    unit = c.spec.get("x_name", "")
+    name = "registered points only" if registered else "points committed after the rule only"
+    total = sum(i.points for i in inputs)
+    line.figure = (f"{name} ({_points(inputs, late, unit)}): {decision_text(c, d_late)}; all {total} points "
+                   f"({_points(inputs, early, unit)} committed before the rule): {line.figure}")
+    line.all_points, line.verdict = line.verdict, d_late.verdict
+
+
+def qualifications(root: Path) -> Dict[Tuple[str, str], Dict[str, Any]]:
+    """``qualify:`` of the study-less claims file: study file -> claim id -> a ``stopping`` check of that
+    claim (its ``a`` and ``figure``) with a control, for a registered claim whose rule may not change."""
+    path = root / "studies" / STUDYLESS
+    doc = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    out = {}
+    for study, claims in (doc.get("qualify") or {}).items():
+        for cid, spec in (claims or {}).items():
+            if not isinstance(spec, dict) or spec.get("rule") != "stopping" or not spec.get("why"):
+                raise UserError(f"{path}: qualify {study} {cid}: a qualification is a stopping check with `why`")
+            out[(str(study), str(cid))] = spec
+    return out
+
+
+def _qualify(line: Line, c: Claim, d: rules.Decision, spec: Dict[str, Any], rows: list) -> None:
+    """A registered claim's verdict read beside its qualification, computed from the same runs."""
+    q = {"a": c.spec.get("a"), "figure": c.spec.get("figure"), "scale": c.spec.get("scale", 100.0),
+         "unit": c.spec.get("unit", "points"), **{k: v for k, v in spec.items() if k not in ("rule", "why")}}
+    qc = Claim(c.id, c.source, c.words, "stopping", q, c.study, c.results, c.labels)
+    check_claim(qc, f"{STUDYLESS}: qualify {c.study.name if c.study else ''} {c.id}")
+    dq = vacuous.stopping(q, rows)
+    line.figure += (f" · qualified ({spec['why']}; read from the same runs, not registered: exploratory): "
+                    f"{_body(qc, dq)}")
+    if d.verdict == rules.REPRODUCED:
+        line.verdict = {rules.REPRODUCED: QUALIFIED, rules.HOLDS_VACUOUSLY: rules.HOLDS_VACUOUSLY}.get(
+            dq.verdict, f"reproduced (qualified: {dq.verdict})")
+
+
 def collect(root: Path) -> List[Line]:
     """Every claim with its verdict: the studies' claims, then the study-less ones, in the sources' order."""
     lines: List[Line] = []
+    quals = qualifications(root)
     for path in sorted((root / "studies").glob("*.yaml")):
         if path.name == STUDYLESS:
             continue
@@ -318,19 +274,34 @@ def collect(root: Path) -> List[Line]:
             came = rule_came(root, path, c.id, results, claim_columns(c), c.spec.get("seen", ()),
                              lambda commit, claim=c: _reads(earlier, commit, claim, by_id))
             registered = ev.status in (CONFIRMATORY, PENDING)
-            lines.append(Line(c, study.results.name, figure, verdict,
-                              _grown(came, c, rows, earlier, root, results, registered), ev))
+            line = Line(c, study.results.name, figure, verdict,
+                        _grown(came, c, rows, earlier, root, results, registered), ev)
+            if c.rule == "trend" and "budgets" in c.spec:  # its inputs: every budget's results
+                inputs = budget_inputs(root, c, rows, line.came)
+                line.data = data_with_seeds(c.data, inputs)
+                line.came = mixed(inputs) or line.came
+                if line.came.startswith("mixed") and rows and ev.status != PENDING:
+                    _mixed(line, c, rows, inputs, registered)
+            q = quals.pop((path.name, c.id), None)
+            if q is not None and rows and ev.status != PENDING:
+                _qualify(line, c, d, q, rows)
+            lines.append(line)
         mine = {ln.claim.id: ln for ln in lines[len(lines) - len(study.claims):]}
         for ln in mine.values():  # a claim made of others came after when a part did, is nominal when one is
             parts = [mine[p].came for p in ln.claim.spec.get("parts", ())]
             if ln.came.startswith("before") and "after" in parts:
                 ln.came = "after"
+            elif ln.came.startswith("before") and any(p.startswith("mixed") for p in parts):
+                ln.came = "mixed: a part reads results committed before its rule"
             elif ln.came == "before" and ln.verdict != rules.NOT_MEASURED:
                 ln.came = next((p for p in parts if p.startswith("before;")), ln.came)
+    if quals:
+        raise UserError(f"studies/{STUDYLESS}: qualify names claim(s) no study declares: "
+                        + ", ".join(f"{f} {cid}" for f, cid in quals))
     studyless = root / "studies" / STUDYLESS
     if studyless.is_file():
         for c in load_claims(studyless):
-            figure, verdict = _studyless(c, root)
+            figure, verdict = studyless_row(c, root)
             came = "-"
             if c.rule == "benchmark":  # its figures come from a file: the rule came before or after its first commit
                 came = rule_came(root, studyless, c.id, root / c.spec["file"], (), c.spec.get("seen", ()))

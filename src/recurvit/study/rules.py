@@ -11,6 +11,9 @@ tests the claim with a t-based interval and returns a :class:`Decision` with one
 * ``NOT_MEASURED``: too little data (fewer than 2 values per group) or a model that cannot be fitted.
   No rule raises on too little data.
 
+A claim adds one more (:mod:`recurvit.study.vacuous`): ``HOLDS_VACUOUSLY``, a rule met only because every
+quantity it reads sits at a floor or ceiling that makes it hold whatever the model does (never a reproduction).
+
 Which rule answers which kind of claim:
 
 =========================================  ====================================================
@@ -38,9 +41,9 @@ import statistics
 import warnings
 from typing import List, Mapping, Optional, Sequence
 
-from .decision import (ALPHA, EXACT, NOT_MEASURED, NOT_REPRODUCED, NOT_SEPARABLE, REPRODUCED, Decision, _check_margin,
-                       _check_side, _difference, _exact, _interval, _not_measured, _one_sample, _p_one_sided,
-                       _sign_verdict)
+from .decision import (ALPHA, EXACT, HOLDS_VACUOUSLY, NOT_MEASURED, NOT_REPRODUCED, NOT_SEPARABLE,
+                       REPRODUCED, Decision, _check_margin, _check_side, _difference, _exact, _interval,
+                       _not_measured, _one_sample, _p_one_sided, _sign_verdict)
 from .power import MAX_SEEDS, first_n, seeds_needed
 from .stats import CONFIDENCE, clean, fmt_p, mean_ci, ols_contrast, paired_differences, welch
 
@@ -240,6 +243,7 @@ def fmt_decision(d: Decision, scale: float = 100.0, unit: str = "points", digits
     return out
 
 
-__all__ = ["Decision", "REPRODUCED", "NOT_REPRODUCED", "NOT_SEPARABLE", "NOT_MEASURED", "seeds_needed",
+__all__ = ["Decision", "REPRODUCED", "NOT_REPRODUCED", "NOT_SEPARABLE", "NOT_MEASURED", "HOLDS_VACUOUSLY",
+           "seeds_needed",
            "superiority", "noninferiority", "equivalence", "trend", "near_chance", "heterogeneity",
            "fmt_decision"]
