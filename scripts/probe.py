@@ -16,11 +16,14 @@ Three figures, each from the command line in subprocesses (one CPU thread each):
   config.json that an import would resolve; YAML tags that construct Python objects or import a module
   (!!python/object/apply, /name, /module) in every YAML a command reads and in key=value overrides; CIFAR
   archives whose members escape data.root (.., absolute, symlinks, hard links, devices, FIFOs) and CIFAR
-  batches that are code-running pickles; symlinks planted in a run folder where a command writes.
-  Executed = the payload's marker file exists afterwards, or anything outside the folder it came in
-  was written;
-- bad inputs: mistakes a user makes on the command line (issue 39's among them); clear = exit status 2
-  with one line on stderr.
+  batches that are code-running pickles; symlinks planted in a run folder where a command writes;
+  step-program folders (scripts/probe_steps.py, through the Python API): doctored .pt2 archives (pickled
+  weights, constants and sample inputs, exec'd guards, eval'd symbolic sizes) and manifest file names that
+  lead outside the folder. Executed = the payload's marker file exists afterwards, or anything outside the
+  folder it came in was written;
+- bad inputs: mistakes a user makes on the command line (issue 39's among them), step-program folders mixed
+  from two runs or without fingerprints, study bases that are no config (their content must not be echoed);
+  clear = exit status 2 with one line on stderr (and none of the content a case says must not appear).
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from probe_steps import api, step_program_bad_inputs, step_program_payloads, study_base_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
@@ -261,13 +266,14 @@ def payload_trials(tmp: Path, runs: dict) -> list:
     img = tmp / "img.png"
     Image.new("L", (8, 8), 3).save(img)
 
-    def one(what, make, command):
+    def one(what, make, command, run=cli):
         """``make(marker, i)`` -> (target, a check of what the payload would write, or None);
-        ``command(target, out)`` -> the CLI's arguments (``out``: a fresh path for outputs)."""
+        ``command(target, out)`` -> the CLI's arguments (``out``: a fresh path for outputs), or those of ``run``
+        (a Python API call in a fresh interpreter, scripts/probe_steps.py)."""
         i = len(trials)
         marker = tmp / f"executed-{i}"
         target, check = make(marker, i)
-        r = cli(*command(target, tmp / f"out-{i}"), timeout=300, env=env)
+        r = run(*command(target, tmp / f"out-{i}"), timeout=300, env=env)
         trials.append({"payload": what, "executed": marker.exists() or bool(check and check()),
                        "exit": r.returncode, "message": (r.stderr.strip().splitlines() or [""])[-1][:160]})
 
@@ -462,6 +468,13 @@ def payload_trials(tmp: Path, runs: dict) -> list:
 
     archive_payloads(tmp, runs, one)
     planted_links(tmp, runs, one)
+    steps = tmp / "steps-src"  # step programs of the classify run: doctored archives, names leading outside
+    r = cli("export", runs["classify"], "--format", "torch-export", "--steps-program", "--fused", "--out", steps)
+    if r.returncode != 0:
+        raise SystemExit(r.stderr)
+    onnx = tmp / "steps-onnx"
+    has_onnx = cli("export", runs["classify"], "--format", "onnx", "--steps-program", "--out", onnx).returncode == 0
+    step_program_payloads(tmp, steps, onnx if has_onnx else None, one, _watch)
     return trials
 
 
@@ -698,14 +711,28 @@ def bad_input_trials(tmp: Path, trained: Path) -> list:
         ["vae"], ["study", tmp / "nosuch.yaml"], ["study", tmp / "study-bad.yaml"], ["study", tmp / "study-escape.yaml"],
         ["study", tmp / "study-typo.yaml"], ["flops", "nosuch"], ["flops", "bvit_tiny", "depth=3"], ["match", "nosuch"],
         ["nosuch-command"], ["train", "--nproc", "0"], ["train", "train.batch_size=127", "--nproc", "2"],
-    ] + issue39_cases(tmp, trained)
+    ] + issue39_cases(tmp, trained) + study_base_cases(tmp)  # the last: (argv, text stderr must not echo)
     out = []
-    for args in cases:
-        r = cli(*args, timeout=300)
+
+    def record(args, r, hidden=None):
         lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
-        out.append({"args": " ".join(map(str, args)).replace(str(tmp), "TMP"), "exit": r.returncode,
-                    "stderr_lines": len(lines), "clear": r.returncode == 2 and len(lines) == 1,
-                    "message": (lines[-1] if lines else "")[:200].replace(str(tmp), "TMP")})
+        clear = r.returncode == 2 and len(lines) == 1 and not (hidden and hidden in r.stderr)
+        out.append({"args": args.replace(str(tmp), "TMP"), "exit": r.returncode, "stderr_lines": len(lines),
+                    "clear": clear, "message": (lines[-1] if lines else "")[:200].replace(str(tmp), "TMP")})
+
+    for args in cases:
+        args, hidden = args if isinstance(args, tuple) else (args, None)
+        record(" ".join(map(str, args)), cli(*args, timeout=300), hidden)
+    # step-program folders through the Python API (scripts/probe_steps.py): a program of another run, names
+    # a program may not have, a folder without fingerprints
+    other = tmp / "other-run"  # another run of the same architecture
+    for r in (cli("train", *TINY, "train.epochs=1", "train.seed=1", "--out", other),
+              cli("export", trained, "--format", "torch-export", "--steps-program", "--fused", "--out", tmp / "steps"),
+              cli("export", other, "--format", "torch-export", "--steps-program", "--fused", "--out", tmp / "steps-b")):
+        if r.returncode != 0:
+            raise SystemExit(r.stderr)
+    for label, folder in step_program_bad_inputs(tmp, tmp / "steps", tmp / "steps-b"):
+        record(f"(API) StepProgram(DIR), {label}", api("run", folder))
     return out
 
 
@@ -803,15 +830,16 @@ def report(kills, payloads, bad, out: Path) -> None:
              "per-epoch metrics identical to an uninterrupted run",
              "- malicious payloads (code-running pickles in every checkpoint and weights slot, object-constructing "
              "YAML tags in every YAML and override, tar escapes and pickles in CIFAR's files, links planted in a run "
-             f"folder): **{executed} of {len(payloads)}** executed or wrote outside the folder they came in",
+             "folder, doctored step programs and manifest names leading outside their folder): "
+             f"**{executed} of {len(payloads)}** executed or wrote outside the folder they came in",
              f"- bad inputs: **{clear} of {len(bad)}** gave one clear line on stderr and exit status 2", "",
              "## Kills", "", "| kind | killed after epoch | survived | note |", "|---|---|---|---|"]
     lines += [f"| {t['kind']} | {t['killed_after_epochs']} | {t['survived']} | {t['note']} |" for t in kills]
     lines += ["", "## Payloads", "", "| payload | executed or wrote outside | exit | message |", "|---|---|---|---|"]
     lines += [f"| {t['payload']} | {t['executed']} | {t['exit']} | {t['message'].replace('|', '/')} |" for t in payloads]
     lines += ["", "## Bad inputs", "", "| command | exit | stderr lines | message |", "|---|---|---|---|"]
-    lines += [f"| `recurvit {t['args']}` | {t['exit']} | {t['stderr_lines']} | {t['message'].replace('|', '/')} |"
-              for t in bad]
+    lines += [f"| `{'' if t['args'].startswith('(API)') else 'recurvit '}{t['args']}` | {t['exit']} | "
+              f"{t['stderr_lines']} | {t['message'].replace('|', '/')} |" for t in bad]
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "probe.json").write_text(json.dumps({"kills": kills, "payloads": payloads, "bad_inputs": bad}, indent=1) + "\n")

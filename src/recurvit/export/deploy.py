@@ -9,6 +9,10 @@ images from the batch, so the saving is wall-clock.
     cert = certified_threshold(prog, calib_x, epsilon=0.005, delta=0.1)   # Learn-then-Test on calibration images
     logits, steps = prog.adaptive(x, threshold=cert["threshold"])         # None: no exit certified, full depth
 
+A folder is loaded only as the set one export wrote, with nothing in it executed: the manifest's structure and
+file names (each inside the folder) and every file's sha256 are checked first (:mod:`recurvit.export.manifest`),
+and a .pt2 archive is read only as ``torch.export.save`` writes a program (:mod:`recurvit.export.archive`).
+
 An export written with ``--fused`` also holds fused step-and-readout programs: ``adaptive`` then makes ONE call
 a step (the step, its readout and the max softmax) instead of a step call and a readout call.
 
@@ -24,7 +28,6 @@ same exit loop over torch tensors took 1.1 ms against 0.47 ms in numpy, for a 0.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -35,7 +38,8 @@ from ..analysis.certify import certify
 from ..errors import UserError
 from ..models.adaptive import CRITERIA, RISING, check_criterion
 from .backends import OnnxProgram, TorchProgram, take, to_numpy
-from .steps import FORMAT, MANIFEST, STEP, VERSION
+from .manifest import read_manifest, read_programs
+from .steps import STEP
 
 State = Dict[str, Any]  # name -> numpy array (onnx) or tensor (torch-export), dim 0 the batch
 
@@ -75,23 +79,17 @@ class StepProgram:
 
     def __init__(self, folder: Union[str, Path], threads: Optional[int] = None):
         self.folder = Path(folder)
-        try:
-            m = json.loads((self.folder / MANIFEST).read_text())
-        except (OSError, ValueError) as e:
-            raise UserError(f"{self.folder} is not a step-program export ({MANIFEST}: "
-                            f"{getattr(e, 'strerror', None) or e}); write one with recurvit export RUN "
-                            "--steps-program") from None
-        if m.get("format") != FORMAT or int(m.get("version", 0)) > VERSION:
-            raise UserError(f"{self.folder / MANIFEST} is format {m.get('format')} version {m.get('version')}; "
-                            f"this recurvit reads {FORMAT} up to version {VERSION}")
-        self.manifest = m
+        # the manifest's structure and names checked, then every file read and checked against its fingerprint,
+        # before any program is deserialized (recurvit.export.manifest; a .pt2 by recurvit.export.archive)
+        m = self.manifest = read_manifest(self.folder)
         self.backend = m["backend"]
+        data = read_programs(self.folder, m)
 
         def load(name: str, part: str):
-            path = self.folder / name
+            where = str(self.folder / name)
             if self.backend == "onnx":
-                return OnnxProgram(path, m["inputs"][part], threads)
-            return TorchProgram(path)
+                return OnnxProgram(data.pop(name), where, m["inputs"][part], threads)
+            return TorchProgram(data.pop(name), where)
 
         self._embed = load(m["programs"]["embed"], "embed")
         self._steps = [load(n, "step") for n in m["programs"]["step"]]
@@ -105,6 +103,12 @@ class StepProgram:
         self._head = lambda k: of[k - 1] if k <= len(of) else of[-1]  # noqa: E731
 
     # ----------------------------------------------------------------------------- one program each
+    @property
+    def weights(self) -> str:
+        """The fingerprint of the weights of the run these programs came from
+        (:func:`recurvit.export.manifest.weights_fingerprint`)."""
+        return self.manifest["integrity"]["weights"]
+
     @property
     def default_steps(self) -> int:
         return int(self.manifest["default_steps"])

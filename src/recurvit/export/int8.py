@@ -27,7 +27,6 @@ int8 kernels under ``torch.compile``).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -39,7 +38,7 @@ import torch
 
 from ..errors import UserError
 from .deploy import StepProgram, batches_of
-from .steps import MANIFEST
+from .manifest import program_names, read_manifest, read_programs, seal
 
 OP_TYPES = ("MatMul", "Gemm")
 
@@ -54,7 +53,7 @@ def weight_bytes(path: Union[str, Path]) -> Dict[str, int]:
 
     path = Path(path)
     if path.is_dir():
-        p = json.loads((path / MANIFEST).read_text())["programs"]
+        p = read_manifest(path)["programs"]  # its file names checked: each inside the folder
         files = [path / n for n in [p["embed"], *p["step"], *p["readout"]]]
     else:
         files = [path]
@@ -74,7 +73,7 @@ def quantize_steps(folder: Union[str, Path], out: Union[str, Path], per_channel:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     folder, out = Path(folder), Path(out)
-    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest = read_manifest(folder)  # its file names checked: each inside the folder
     if manifest.get("backend") != "onnx":
         raise UserError(f"{folder} holds {manifest.get('backend')} programs; int8 quantization reads the ONNX "
                         "export (--format onnx --steps-program)")
@@ -82,17 +81,17 @@ def quantize_steps(folder: Union[str, Path], out: Union[str, Path], per_channel:
         raise UserError(f"{folder} is already quantized ({manifest['quantization']['weight_type']})")
     if out.exists():
         raise UserError(f"{out} exists; choose another OUT")
+    read_programs(folder, manifest)  # the set one export wrote: a program of another run is not quantized
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     logging.disable(logging.WARNING)  # its advice to run onnxruntime's pre-processing first, once per program
     try:
-        p = manifest["programs"]
-        for name in [p["embed"], *p["step"], *p["readout"], *[f["file"] for f in p.get("fused", [])]]:
+        for name in program_names(manifest):
             quantize_dynamic(str(folder / name), str(tmp / name), weight_type=QuantType.QInt8,
                              op_types_to_quantize=list(OP_TYPES), per_channel=per_channel)
         manifest["quantization"] = {"method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8",
                                     "op_types": list(OP_TYPES), "per_channel": per_channel}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        seal(tmp, manifest, manifest["integrity"]["weights"])  # the int8 files' own sha256, the run's weights
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

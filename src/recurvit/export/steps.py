@@ -20,12 +20,14 @@ step to its head (``readout_of_step``; steps past the list use the last one), as
 outputs are the next state, the ``logits`` and the max-softmax ``confidence`` (float32, (B,)): a runtime that
 decides an exit after every step makes ONE call a step instead of two (``manifest["fused"]``: one program per
 pair of step program and readout head that a step uses).
+
+The manifest carries fingerprints (``integrity``): the sha256 of every program file and of the run's weights
+(:mod:`recurvit.export.manifest`), checked when the folder is loaded, so a program of another run is refused.
 """
 from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import shutil
@@ -43,12 +45,9 @@ from ..models.adaptive import has_step_readouts
 from ..models.cores.base import STEP_INPUT, NoStepProgram, StepPlan
 from ..run.checkpoint import check_finite
 from ..run.load import load_model
+from .manifest import FORMAT, MANIFEST, SUFFIX, VERSION, seal, weights_fingerprint  # noqa: F401 (re-exported)
 from .program import MAX_BATCH, TOOLS, _reason, compact_onnx, preprocessing
 
-FORMAT = "recurvit.step-program"
-VERSION = 1
-MANIFEST = "manifest.json"
-SUFFIX = {"onnx": ".onnx", "torch-export": ".pt2"}
 STEP = STEP_INPUT  # the name of the step-index input
 
 
@@ -188,8 +187,9 @@ def _trace(module: nn.Module, args: Tuple[torch.Tensor, ...], names: Sequence[st
 
 def write_programs(model, out: Path, fmt: str, fused: bool = False) -> Dict[str, Any]:
     """Trace the embed, step and readout programs of ``model`` (eval mode, CPU), and with ``fused`` the fused
-    step-and-readout programs, into the existing folder ``out`` and write its manifest; returns the manifest. UserError for a core without a step program or a
-    model the tracer refuses."""
+    step-and-readout programs, into the existing folder ``out`` and write its manifest, with the fingerprints
+    :mod:`recurvit.export.manifest` checks on load; returns the manifest. UserError for a core without a step
+    program or a model the tracer refuses."""
     if any(m.num_adapters > 1 for m in lora_layers(model)):
         raise UserError("a model with per-step LoRA adapters has no shared step program (the block's weights "
                         "differ per step); merge or unroll them first (recurvit.models.adapters.unroll_step_lora)")
@@ -237,9 +237,8 @@ def write_programs(model, out: Path, fmt: str, fused: bool = False) -> Dict[str,
                         f"{_reason(e)[:160]}") from None
     finally:
         logging.disable(logging.NOTSET)
-    manifest = manifest_of(model, plan, fmt, files)
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-    return manifest
+    # the manifest with its fingerprints: the sha256 of every program file and of the run's weights
+    return seal(out, manifest_of(model, plan, fmt, files), weights_fingerprint(model))
 
 
 def export_steps(run, out, fmt: str = "onnx", fused: bool = False, **overrides) -> Path:

@@ -42,6 +42,7 @@ import yaml
 
 from ..config_names import packaged
 from ..errors import UserError
+from .base_config import check_base, shown
 from .cells import SEED_KEY
 from .claims import load_claims
 from .evaluators import for_run, parse_eval
@@ -215,7 +216,7 @@ def load_study(path: str | Path) -> Study:
         try:                                                                 # a failed run after hours of others
             check_run(str(spec.base or study.base), spec.overrides)
         except UserError as e:
-            raise UserError(f"study file {p}: run {spec.run_id}: {e}") from None
+            raise UserError(f"study file {p}: run {spec.run_id}: {shown(e, 240)}") from None
     study.claims = load_claims(p, {axis: [lbl for lbl, _ in variants] for axis, variants in axes}, study.results)
     labels = {lbl for _, variants in axes for lbl, _ in variants}
     unknown = sorted({x for pair in compare for x in pair} - labels)
@@ -276,18 +277,26 @@ def _expand_from(study: "Study", source) -> List[RunSpec]:
                     overrides=run.overrides, base=source[1] / src.run_id) for src in source[2] for run in mine]
 
 
-def _find(path: str, study_file: Optional[Path]) -> Path:
+def _find(path: Any, study_file: Optional[Path]) -> Path:
     """A config path relative to the study file's folder, else to the current directory, else a packaged
-    config's name."""
+    config's name; a file found is read as a config (:func:`recurvit.study.base_config.check_base`)."""
+    if not isinstance(path, str) or not path.strip():
+        raise UserError(f"study file {shown(study_file)}: base: must name a config file or a packaged config, got "
+                        f"{shown(repr(path), 60)}")
     for cand in ((study_file.parent / path) if study_file else None, Path(path)):
-        if cand is not None and cand.is_file():
-            return cand
-
-    found = packaged(str(path))  # a packaged config's name (digits/bvit), as on the command line
+        try:
+            if cand is not None and cand.is_file():
+                return check_base(cand, study_file)
+        except OSError:  # a name the file system refuses (too long): not found
+            continue
+    try:
+        found = packaged(str(path))  # a packaged config's name (digits/bvit), as on the command line
+    except OSError:
+        found = None
     if found is not None:
         return found
-    raise UserError(f"study base config not found: {path} (relative to the study file or the current directory, "
-                    "or a packaged config name: `recurvit configs` lists them)")
+    raise UserError(f"study base config not found: {shown(path)} (relative to the study file or the current "
+                    "directory, or a packaged config name: `recurvit configs` lists them)")
 
 
 def expand(study: Study) -> List[RunSpec]:
