@@ -130,15 +130,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UserError as e:
         print(f"error: {printable(str(e))}", file=sys.stderr)
         return 2
-    except OSError as e:
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
+    except OSError as e:  # after BrokenPipeError, an OSError too
         if e.errno != errno.ENAMETOOLONG:  # a path a user gave (--out, data.root, an image) longer than the OS takes
             raise
         name = printable(str(e.filename or ""))
         print(f"error: a path is too long for this file system ({len(name):,} characters: "
               f"{name[:60]}{'...' if len(name) > 60 else ''}); choose a shorter one", file=sys.stderr)
         return 2
-    except BrokenPipeError:
-        return _quiet_broken_pipe()
     except KeyboardInterrupt:
         print("interrupted" + _resume_hint(args.command), file=sys.stderr)
         return 130
