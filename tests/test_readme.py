@@ -1,4 +1,5 @@
-"""The README's Python examples run as written."""
+"""The README has Python examples (each runs in a fresh interpreter: test_readme_commands.py), and every relative
+link of the front page and docs exists."""
 import re
 from pathlib import Path
 
@@ -8,12 +9,6 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 BLOCKS = [b for page in PAGES for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_readme_python_example_runs(code):
-    exec(compile(code, str(README), "exec"), {})
 
 
 def test_readme_has_python_examples():
