@@ -7,6 +7,7 @@ in a fresh interpreter. A last test checks that every command the README names i
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ def recurvit(home: Path, *args, ok: bool = True) -> subprocess.CompletedProcess:
     """``recurvit ARGS`` as typed in a shell in ``home``: a fresh process, one thread."""
     cmd = [str(SCRIPT)] if SCRIPT.is_file() else [sys.executable, "-m", "recurvit"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    r = subprocess.run([*cmd, *map(str, args)], cwd=home, capture_output=True, text=True, timeout=900, env=env)
+    r = subprocess.run([*cmd, *map(str, args)], cwd=home, capture_output=True, text=True, timeout=900, env=env,
+                       preexec_fn=lambda: os.umask(0o022))  # a shell's usual umask
     RUN_SUBCOMMANDS.add(args[0] if args[0] != "vae" else f"vae {args[1]}")
     if ok:
         assert r.returncode == 0, f"recurvit {' '.join(map(str, args))}: {r.stderr[-2000:]}"
@@ -91,6 +93,9 @@ def test_predict_names_classes_of_images_in_a_folder(home, run):
 def test_every_export_from_a_run_directory(home, run, args, wrote):
     r = recurvit(home, "export", run, *args)
     assert wrote in r.stdout.strip().splitlines(), r.stdout
+    out = home / args[args.index("--out") + 1]
+    for p in [out, *(out.rglob("*") if out.is_dir() else [])]:  # as a plain write under umask 022 (issue 57)
+        assert stat.S_IMODE(p.stat().st_mode) == (0o755 if p.is_dir() else 0o644), p
 
 
 def test_the_step_programs_run_in_a_fresh_interpreter(home, run):

@@ -52,6 +52,7 @@ def add_parser(sub):
 
 def run(args) -> int:
     from . import load_trained
+    from ..run.atomic import follow_umask
 
     out_of(args)
     if args.rgb and (args.steps_program or args.format not in ("timm", "onnx", "torch-export")):
@@ -80,6 +81,7 @@ def run(args) -> int:
             files = sorted(str(p) for p in export_hf(loaded, args.out).iterdir())
         else:
             files = [str(export_safetensors(loaded, args.out))]
+    follow_umask(args.out)  # what temp files and folders left private, as a plain write would have it
     if args.json:
         print_json({"run": str(args.run), "format": args.format, "rgb": args.rgb, "files": files, **extra})
     else:
@@ -98,8 +100,10 @@ def _onnx_validate_line(flags) -> str:
 
 def _steps_program(args) -> int:
     from ..export.steps import export_steps
+    from ..run.atomic import follow_umask
 
     files = sorted(str(p) for p in export_steps(args.run, args.out, args.format, fused=args.fused).iterdir())
+    follow_umask(args.out)
     if args.json:
         print_json({"run": str(args.run), "format": args.format, "steps_program": True, "files": files})
     else:
@@ -111,6 +115,7 @@ def _int8(args) -> int:
     """The fp32 export written to a scratch folder beside OUT, then quantized into OUT (which appears whole
     or not at all); the scratch goes either way."""
     from ..export.int8 import quantize_model, quantize_steps
+    from ..run.atomic import follow_umask
     from ..run.outputs import output_dir
 
     if args.format != "onnx":
@@ -134,6 +139,7 @@ def _int8(args) -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         args.out = final
+    follow_umask(final)
     if args.json:
         print_json({"run": str(args.run), "format": "onnx", "steps_program": args.steps_program, "int8": True,
                     "files": files})

@@ -93,6 +93,18 @@ def _size(n: int) -> str:
     return f"{n:,} bytes" if n < 10**6 else f"{n / 10**6:,.1f} MB ({n:,} bytes)"
 
 
+def follow_umask(path) -> None:
+    """``path`` (a file, or a folder and everything in it) with the permissions a plain open() or mkdir would
+    have given under the process's umask: what mkstemp / mkdtemp made (0600 / 0700) and a library renamed into
+    place keeps its private mode otherwise (exported weights 0600, step-program folders 0700 under umask 022)."""
+    path = Path(path)
+    mask = umask()
+    for p in [path, *(path.rglob("*") if path.is_dir() else [])]:
+        if p.is_symlink():
+            continue
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def umask() -> int:
     """The process's umask (read by setting it and putting it back)."""
     mask = os.umask(0o022)
