@@ -6,7 +6,7 @@ figures the README shows (never typed by hand): results/timings/readme.md.
 
 Command 1 is timed in two parts, the installs and ``recurvit train`` (read from the run's own
 ``train_seconds`` and the process's wall time); command 2 is the README's test command with pytest's ten
-slowest tests. The machine is named in the file (cores, processor, load average before and after): a
+slowest tests (results/timings/slowest.md). The machine is named in the file (cores, processor, load average before and after): a
 figure from a loaded machine says so, and is not a figure for an idle one.
 """
 from __future__ import annotations
@@ -88,8 +88,11 @@ def main() -> int:
                  f"(load average {l0:.2f} before, {l1:.2f} after)")
     busy += [l0, l1]
     slow = re.search(r"slowest 10 durations =+\n(.*?)\n\n", res.stdout, re.S)
-    if slow:
-        lines += ["", "The ten slowest tests:", "", "```text", *slow.group(1).splitlines(), "```"]
+    if slow:  # beside the summary (the README shows the summary on its first screen)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        (args.out.parent / "slowest.md").write_text(
+            f"The ten slowest tests of the run in [{args.out.name}]({args.out.name}):\n\n```text\n"
+            + slow.group(1).strip("\n") + "\n```\n")
     cores = os.cpu_count() or 1
     if max(busy) / cores > LOADED:
         lines.insert(1, f"**Loaded machine** (load average up to {max(busy):.2f} on {cores} cores): these are not "
