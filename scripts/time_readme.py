@@ -87,16 +87,18 @@ def main() -> int:
     lines.append(f"- command 2, `{tests}`: {secs / 60:.1f} min, {summary.strip('= ')} "
                  f"(load average {l0:.2f} before, {l1:.2f} after)")
     busy += [l0, l1]
-    slow = re.search(r"slowest 10 durations =+\n(.*?)\n\n", res.stdout, re.S)
+    slow = re.search(r"slowest 10 durations =+\n(.*?)(?:\n\n|\n=)", res.stdout, re.S)
     if slow:  # beside the summary (the README shows the summary on its first screen)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         (args.out.parent / "slowest.md").write_text(
             f"The ten slowest tests of the run in [{args.out.name}]({args.out.name}):\n\n```text\n"
             + slow.group(1).strip("\n") + "\n```\n")
     cores = os.cpu_count() or 1
-    if max(busy) / cores > LOADED:
-        lines.insert(1, f"**Loaded machine** (load average up to {max(busy):.2f} on {cores} cores): these are not "
-                        "figures for an idle one.")
+    if busy[0] / cores > LOADED:  # later readings include the commands' own load: the first one says whether
+        lines.insert(1, f"**Loaded machine** (load average {busy[0]:.2f} on {cores} cores before the first command): "
+                        "these are not figures for an idle one.")  # other work shared the machine
+    lines.append("")
+    lines.append(f"The load averages after the first include the measured commands' own work (on {cores} cores).")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print(args.out.read_text())

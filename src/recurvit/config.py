@@ -176,8 +176,16 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
+MAX_CONFIG = 1 << 20  # bytes: a config is a YAML file of a few KB (a 200 MB one parsed for 90 s into MemoryError)
+
+
 def _fail(exc: Exception, where: str) -> UserError:
     msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    problem = getattr(exc, "problem", None)  # yaml's own words ("found duplicate key ..."), not its context
+    if isinstance(problem, str) and problem:
+        mark = getattr(exc, "problem_mark", None)
+        msg = problem + (f" (line {mark.line + 1})" if mark is not None else "")
+    msg = msg[:240]
     key = getattr(exc, "full_key", None)  # OmegaConf names the offending key
     return UserError(f"bad config ({where}){f' {key}' if key else ''}: {msg}")
 
@@ -221,9 +229,13 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     cfg = OmegaConf.structured(schema)
     if path is not None:
         p = find_config(path)
+        if Path(p).is_file() and Path(p).stat().st_size > MAX_CONFIG:
+            raise UserError(f"bad config ({p}): {Path(p).stat().st_size:,} bytes; a config is a YAML file of a few KB")
         try:
             raw = OmegaConf.to_container(OmegaConf.load(p))
             cfg = OmegaConf.merge(cfg, nest_options(raw, schema))
+        except RecursionError:
+            raise UserError(f"bad config ({p}): nested too deeply to be a config") from None
         except Exception as e:  # OmegaConf type/key errors and YAML syntax errors
             raise _fail(e, str(p)) from None
     return _merge_overrides(cfg, overrides, schema)

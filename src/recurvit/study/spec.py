@@ -42,7 +42,7 @@ import yaml
 
 from ..config_names import packaged
 from ..errors import UserError
-from .base_config import check_base, shown
+from .base_config import MAX_BASE, check_base, shown
 from .cells import SEED_KEY
 from .claims import load_claims
 from .evaluators import for_run, parse_eval
@@ -134,10 +134,14 @@ def load_study(path: str | Path) -> Study:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"study file not found: {p}")
+    if p.stat().st_size > MAX_BASE:  # a 200 MB file was parsed for 90 s into a MemoryError
+        raise UserError(f"study file {p} is {p.stat().st_size:,} bytes; a study file is a YAML file of a few KB")
     try:
         raw = yaml.load(p.read_text(), Loader=_UniqueKeys) or {}  # safe, and a key given twice is an error
     except yaml.YAMLError as e:
         raise UserError(f"study file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+    except RecursionError:  # 5,000 nested levels: a 3,000-line traceback before
+        raise UserError(f"study file {p} is nested too deeply to be a study file") from None
     if not isinstance(raw, dict):
         raise UserError(f"study file {p} must be a mapping with name, base and grid")
     _check_keys(p, raw, TOP_KEYS, "")
