@@ -87,12 +87,14 @@ def main() -> int:
     lines.append(f"- command 2, `{tests}`: {secs / 60:.1f} min, {summary.strip('= ')} "
                  f"(load average {l0:.2f} before, {l1:.2f} after)")
     busy += [l0, l1]
-    slow = re.search(r"slowest 10 durations =+\n(.*?)(?:\n\n|\n=)", res.stdout, re.S)
+    slow = re.findall(r"^\d+\.\d+s (?:call|setup|teardown) .*$", res.stdout.split("slowest 10 durations")[-1], re.M)
     if slow:  # beside the summary (the README shows the summary on its first screen)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         (args.out.parent / "slowest.md").write_text(
-            f"The ten slowest tests of the run in [{args.out.name}]({args.out.name}):\n\n```text\n"
-            + slow.group(1).strip("\n") + "\n```\n")
+            f"The ten slowest tests of `{tests}` (`python scripts/time_readme.py"
+            f"{' --suite-only' if args.suite_only else ''}` at commit {commit} on {time.strftime('%Y-%m-%d')}: "
+            f"{secs / 60:.1f} min on {_machine()}, load average {busy[0]:.2f} before the first command):\n\n"
+            "```text\n" + "\n".join(slow[:10]) + "\n```\n")
     cores = os.cpu_count() or 1
     if busy[0] / cores > LOADED:  # later readings include the commands' own load: the first one says whether
         lines.insert(1, f"**Loaded machine** (load average {busy[0]:.2f} on {cores} cores before the first command): "
