@@ -1,5 +1,5 @@
 """DeepThinking's recurrent convolutional network (Schwarzschild et al. 2021; Bansal et al. 2022, the
-convolutional anchor of issue 40) on recurvit's depth cores:
+convolutional anchor of the maze studies) on recurvit's depth cores:
 
     embed (3x3 projection + relu [, the input]) -> core (one shared ConvBlock, T steps) -> head (3x3 convs)
 

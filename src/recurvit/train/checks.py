@@ -100,7 +100,7 @@ def check_train_config(cfg: RunConfig) -> None:
 
 
 def _check_more(cfg: RunConfig) -> None:
-    """The rest of :func:`check_train_config` (issue 39: values that once trained into nonsense in silence, or
+    """The rest of :func:`check_train_config` (values that once trained into nonsense in silence, or
     failed with a traceback at the first batch)."""
     t, m, d = cfg.train, cfg.model, cfg.train.depth
     if not (isinstance(t.seed, int) and -2**63 <= t.seed < 2**64):  # what torch.manual_seed takes

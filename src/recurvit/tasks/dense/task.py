@@ -1,4 +1,4 @@
-"""Dense prediction: a class for every pixel, trained by the one loop (the mazes of issue 40).
+"""Dense prediction: a class for every pixel, trained by the one loop (mazes).
 
     recurvit train configs/mazes/dt_recall_prog.yaml      # `recurvit train` picks this task from the data
 
