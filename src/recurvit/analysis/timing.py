@@ -5,9 +5,12 @@
   every round (benchmarks: training steps, inference passes, the matmul peak).
 - :func:`interleaved_batches`: images/s of each function over the same batches, alternating them
   batch by batch (anytime exit against fixed depth).
+- :class:`LoadWatch`: the machine's 1-minute load average before a timing and the highest reading during it,
+  and the cores it is read against (:mod:`recurvit.study.speed` decides nothing from a loaded machine).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -70,3 +73,56 @@ def interleaved_batches(fns: Dict[str, Callable], batches: Sequence[torch.Tensor
                 per_image[name].append((time.perf_counter() - t0) / len(x))
             i += 1
     return {n: 1.0 / statistics.median(v) for n, v in per_image.items()}
+
+
+def load_average() -> Optional[float]:
+    """The machine's 1-minute load average (``os.getloadavg()[0]``); None where the system keeps none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity; ``os.cpu_count()`` where the system has none): at
+    most the machine's, so a load average read per core is never spread over cores the timing cannot use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class LoadWatch:
+    """The 1-minute load average around a timing, as :mod:`recurvit.study.speed` reads it::
+
+        with LoadWatch() as load:
+            interleaved_rounds(..., log=load.sample)   # a reading after every round
+        load.before, load.during, load.cores
+
+    ``before``: the reading on entering (just before the timing); ``during``: the HIGHEST of the readings
+    taken by :meth:`sample` (after each round) and on leaving, so a load that rose at any point of the timing
+    shows, and the average's lag (it trails the runnable threads by about a minute) only delays it, never
+    hides it from the last reading. Both include the timing's own threads (the reader subtracts them). None
+    where the system keeps no load average."""
+
+    def __init__(self) -> None:
+        self.before: Optional[float] = None
+        self.readings: List[float] = []
+        self.cores = cores()
+
+    def __enter__(self) -> "LoadWatch":
+        self.before = load_average()
+        return self
+
+    def sample(self, *_ignored: Any) -> None:
+        """Take a reading (any arguments, e.g. a round's log line, are ignored)."""
+        v = load_average()
+        if v is not None:
+            self.readings.append(v)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.sample()
+
+    @property
+    def during(self) -> Optional[float]:
+        return max(self.readings) if self.readings else None

@@ -10,9 +10,17 @@ depth; beside it the int8 step programs (:func:`recurvit.export.int8.quantize_st
     res["disagree_points"], res["speedup"], res["int8_drop_points"]
 
 The speed-up is timed as ``benchmarks/`` time peers (:func:`recurvit.analysis.timing.interleaved_rounds`): each
-round runs the first ``time_images`` test images through both contenders, the order rotated every round, and the
+round runs the first ``time_images`` test images through both contenders (the exit, and the same programs at full
+depth as a deployment without an exit runs them: embed, T steps, one readout), the order rotated every round, and the
 figure is the geometric mean of the per-round ratios with its 95% t-interval. Where no exit is certified the
 model runs to full depth: nothing is timed, the speed-up is 1 and the disagreement 0.
+
+Beside the speed-up, what :mod:`recurvit.study.speed` needs to decide from it: the machine's load around the
+timing (:class:`recurvit.analysis.timing.LoadWatch`): ``load_before``, the 1-minute load average just before
+the timing rounds (after the warm-up calls); ``load_during``, the highest reading taken after every round and at
+the end; ``cores``, the cores this process may run on; ``threads``, the threads the programs were timed with (all
+four None where nothing is timed); and the FLOPs per image of the deployed programs (:func:`program_flops`),
+from which it bounds the speed-up the skipped steps allow.
 """
 from __future__ import annotations
 
@@ -23,11 +31,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..analysis.timing import interleaved_rounds
+from ..analysis.accounting import flop_counter
+from ..analysis.timing import LoadWatch, interleaved_rounds
 from ..study.stats import mean_ci
 from .deploy import StepProgram, batches_of, certified_threshold
 from .int8 import quantize_steps, weight_bytes
-from .steps import export_steps
+from .steps import STEP, _Embed, _plan, _Readout, _Step, export_steps, head_of_step, readout_steps
 
 
 def _predict(prog: StepProgram, batches: List[torch.Tensor], threshold: Optional[float] = None,
@@ -44,8 +53,44 @@ def _predict(prog: StepProgram, batches: List[torch.Tensor], threshold: Optional
 def geometric_ratio(num: List[float], den: List[float]) -> Dict[str, float]:
     """The geometric mean of the per-round ratios num / den and its 95% t-interval (nan with one round)."""
     s = mean_ci([math.log(a / b) for a, b in zip(num, den)])
-    lo, hi = (math.nan, math.nan) if math.isnan(s["ci"]) else (math.exp(s["mean"] - s["ci"]), math.exp(s["mean"] + s["ci"]))
+    if math.isnan(s["ci"]):
+        lo, hi = math.nan, math.nan
+    else:
+        lo, hi = math.exp(s["mean"] - s["ci"]), math.exp(s["mean"] + s["ci"])
     return {"mean": math.exp(s["mean"]), "lo": lo, "hi": hi, "rounds": len(num)}
+
+
+@torch.no_grad()
+def program_flops(model, exits: bool = True) -> Dict[str, float]:
+    """FLOPs per image of the programs :func:`recurvit.export.steps.export_steps` traces from ``model`` (CPU,
+    eval mode), counted on those same modules as :mod:`recurvit.analysis.accounting` counts (torch's flop
+    counter: matmuls, convolutions and attention, 2 FLOPs a multiply-add; norms and softmax count 0), on one
+    image carried through steps 1..T: ``flops_embed`` the embed program; ``flops_step`` a step program (the
+    mean over steps 1..T: a stack has one per step); ``flops_readout`` the readout after step T;
+    ``flops_check`` what the exit adds to every step it runs, the readout after that step and its max softmax
+    (as a fused program computes them; the mean over steps 1..T), 0 with ``exits`` False (full depth, no step
+    checked). A full-depth run is then ``embed + T step + readout``."""
+    plan, c, T = _plan(model), model.cfg, model.nominal_steps
+    heads = readout_steps(model)
+
+    def count(module, *args):
+        with flop_counter() as fc:
+            out = module(*args)
+        return out, fc.get_total_flops()
+
+    first, embed = count(_Embed(model, plan), torch.zeros(1, c.in_chans, c.img_size, c.img_size))
+    state = dict(zip(list(plan.state) + list(plan.constants), first))
+    steps, reads = [], []
+    for k in range(1, T + 1):
+        fn = plan.steps[0 if len(plan.steps) == 1 else k - 1]
+        args = [torch.tensor(k - 1, dtype=torch.long) if n == STEP else state[n] for n in plan.inputs()]
+        new, flops = count(_Step(model, plan, fn), *args)
+        state.update(zip(plan.state, new))
+        steps.append(flops)
+        _, flops = count(_Readout(model, plan, heads[head_of_step(model, k)]), *[state[n] for n in plan.readout_inputs])
+        reads.append(flops)
+    return {"flops_step": sum(steps) / T, "flops_embed": float(embed), "flops_readout": float(reads[-1]),
+            "flops_check": sum(reads) / T if exits else 0.0}
 
 
 @torch.no_grad()
@@ -57,7 +102,9 @@ def deployed_exit(model, calibration: torch.Tensor, test_split: Callable[[], Tup
     measure on the test split, which ``test_split()`` gives (images, labels) and is called only after the
     threshold is fixed (see the module docstring). ``epsilon`` is a fraction (0.005: half a point).
     ``per_step_readouts``: as :meth:`recurvit.export.deploy.StepProgram.plan` (None: a stack needs a head
-    after every block). Returns the certificate and the figures; every ``*_points`` figure is in points."""
+    after every block). Returns the certificate and the figures; every ``*_points`` figure is in points; the load
+    figures and :func:`program_flops`'s as the module docstring says (``threads`` None, onnxruntime's default:
+    recorded as the cores)."""
     model = model.eval()
     T = model.nominal_steps
     with tempfile.TemporaryDirectory(prefix="recurvit-deploy-") as tmp:
@@ -79,15 +126,24 @@ def deployed_exit(model, calibration: torch.Tensor, test_split: Callable[[], Tup
             "disagree_points": 100 * float((ex != full).double().mean()),
             "mean_steps": float(steps.double().mean()), "steps_pct_T": 100 * float(steps.double().mean()) / T,
             "speedup": 1.0, "speedup_lo": math.nan, "speedup_hi": math.nan, "timed_rounds": 0,
+            "load_before": None, "load_during": None, "cores": None, "threads": None,  # None: nothing timed
+            **program_flops(model, exits=thr is not None),
         }
         if thr is not None:
-            timed = batches_of(test_x[:time_images], batch_size)
-            secs = interleaved_rounds(
-                {"full": lambda: [prog.adaptive(x, None, per_step_readouts=psr) for x in timed],
-                 "exit": lambda: [prog.adaptive(x, thr, per_step_readouts=psr) for x in timed]},
-                rounds, {"full": 1, "exit": 1}, torch.device("cpu"), warmup=1)
+            n = min(time_images, len(test_x))
+            timed = batches_of(test_x[:n], batch_size)
+            contenders = {"full": lambda: [prog(x) for x in timed],  # plain full depth: embed, T steps, one readout
+                          "exit": lambda: [prog.adaptive(x, thr, per_step_readouts=psr) for x in timed]}
+            for run in contenders.values():  # the warm-up calls, before the load is first read
+                run()
+            with LoadWatch() as load:
+                secs = interleaved_rounds(contenders, rounds, {"full": 1, "exit": 1}, torch.device("cpu"),
+                                          log=load.sample, warmup=0)
             r = geometric_ratio(secs["full"], secs["exit"])
-            out.update(speedup=r["mean"], speedup_lo=r["lo"], speedup_hi=r["hi"], timed_rounds=rounds)
+            out.update(speedup=r["mean"], speedup_lo=r["lo"], speedup_hi=r["hi"], timed_rounds=rounds,
+                       load_before=load.before, load_during=load.during, cores=load.cores,
+                       threads=threads or load.cores, timed_images=n,
+                       timed_steps_pct_T=100 * float(steps[:n].double().mean()) / T)
         if int8:
             q = quantize_steps(folder, Path(tmp) / "steps-int8")
             q_pred, _ = _predict(StepProgram(q, threads=threads), test, None, psr)

@@ -206,14 +206,24 @@ class Deploy(Evaluator):
     certified at ``epsilon`` points of disagreement with full depth, confidence ``1 - delta``, on the run's
     held-out split (``data.holdout``; a run without one is refused: its calibration images would be training
     images), then read once on the test split. ``rounds``: timing rounds over the first ``time_images`` test
-    images; ``threads``: onnxruntime's intra-op threads."""
+    images; ``threads``: onnxruntime's intra-op threads. Beside the speed-up it records what
+    :mod:`recurvit.study.speed` decides from: the machine's 1-minute load average before and during the timing,
+    its cores and the threads timed (``deploy_load_before``, ``deploy_load_during``, ``deploy_cores``,
+    ``deploy_threads``; empty where nothing was timed) and the FLOPs per image of the deployed programs
+    (``deploy_flops_step``, ``_embed``, ``_readout``, ``_check``).
+
+    Its record in a run's result.json carries ``record`` (:attr:`record`, not an option a study file sets): a
+    run evaluated by an earlier version, without the load and FLOPs figures, counts as not evaluated and is
+    evaluated again from its checkpoint."""
 
     name = "deploy"
     defaults = {"epsilon": 0.5, "delta": 0.1, "rounds": 10, "time_images": 2048, "threads": 1}
     minimum = {"rounds": 2, "time_images": 1, "threads": 1}
-    columns = ("deploy_certified", "deploy_threshold", "deploy_disagree_points", "deploy_drop_points",
-               "deploy_steps_pct_T", "deploy_speedup", "deploy_speedup_lo", "deploy_speedup_hi",
-               "deploy_int8_drop_points", "deploy_int8_weight_ratio")
+    record = 2  # the version of the figures recorded (1, unmarked: without the load and FLOPs figures)
+    figures = ("certified", "threshold", "disagree_points", "drop_points", "steps_pct_T", "speedup", "speedup_lo",
+               "speedup_hi", "int8_drop_points", "int8_weight_ratio", "load_before", "load_during", "cores",
+               "threads", "flops_step", "flops_embed", "flops_readout", "flops_check")
+    columns = tuple(f"deploy_{k}" for k in figures)
 
     def check(self, options, where):
         opts = super().check(options, where)
@@ -221,7 +231,15 @@ class Deploy(Evaluator):
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (e, d)) \
                 or not 0 < e < 100 or not 0 < d < 1:
             raise UserError(f"{where}: deploy takes epsilon in (0, 100) points and delta in (0, 1), got {e!r}, {d!r}")
+        opts["record"] = self.record
         return opts
+
+    @classmethod
+    def row(cls, res: Dict[str, Any]) -> Dict[str, Any]:
+        """The result-row columns of :func:`recurvit.export.certified.deployed_exit`'s figures ``res`` (None
+        where a figure is None or absent), with ``res`` itself under ``deploy``."""
+        return {"deploy": res, **{f"deploy_{k}": (float(res[k]) if res.get(k) is not None else None)
+                                  for k in cls.figures}}
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
         o = options
@@ -238,9 +256,7 @@ class Deploy(Evaluator):
         res = deployed_exit(run.model.cpu(), calib_x, test_split, o["epsilon"] / 100, o["delta"], o["rounds"],
                             o["time_images"], o["threads"])
         run.model.to(run.device)
-        keys = ("certified", "threshold", "disagree_points", "drop_points", "steps_pct_T", "speedup", "speedup_lo",
-                "speedup_hi", "int8_drop_points", "int8_weight_ratio")
-        return {"deploy": res, **{f"deploy_{k}": (float(res[k]) if res[k] is not None else None) for k in keys}}
+        return self.row(res)
 
 
 EVALUATORS = {e.name: e for e in (Horizon(), Variants(), PerStep(), Continuation(), StepPruning(), Exit(), Deploy())}
