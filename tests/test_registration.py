@@ -86,7 +86,7 @@ def test_each_registered_study_has_its_own_paragraph_data_and_status(tmp_path):
     commit(root, "every registered run")
     (line,) = collect(root)
     other = replace(line, study="later", verdict="pending",
-                    claim=replace(line.claim, words="v", spec={**line.claim.spec, "data": "mazes"}),
+                    claim=replace(line.claim, spec=replace(line.claim.spec, words="v", data="mazes")),
                     evidence=replace(line.evidence, status="registered, pending", why="0 of 6 runs in"))
     text = headline([line, other], root)
     first, second = text.split("\n\n**Pre-registered replication**")

@@ -7,7 +7,8 @@ committed ``results/*/results.csv`` (and ``results/accounting/counts.json``),
 and whether each rule came before its results is read from the repository's history, against every file
 the claim reads (:mod:`recurvit.study.inputs`: a claim reading results from both sides of its rule is
 "mixed", decided on the points after its rule and shown on every point beside). A rule met only at a floor
-"holds vacuously" (:mod:`recurvit.study.vacuous`); a speed-up decides only from a quiet machine, on its
+"holds vacuously" (:mod:`recurvit.study.vacuous`); each claim's kind decides it and words its row
+(:mod:`recurvit.study.claim_kinds`); a speed-up decides only from a quiet machine, on its
 interval, below its compute ceiling (:mod:`recurvit.study.speed`).
 
     python scripts/findings.py           # writes results/findings.md (and the SoftMoR figure)
@@ -15,43 +16,25 @@ interval, below its compute ceiling (:mod:`recurvit.study.speed`).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import yaml
 
 from ..errors import UserError
-from . import rules, vacuous
-from .claim_checks import check_claim
-from .claims import NOT_TESTED, POOLED, Claim, claim_columns, decide, decide_all, load_claims, with_budgets
+from . import rules
+from .claim_kinds import KINDS, Trend, build
+from .claims import Claim, claim_columns, decide, decide_all, load_claims, with_budgets
 from .history import file_commits, rule_came, show
 from .inputs import (Input, after_rule, budget_inputs, claim_cells, data_with_seeds, mixed, reads_any,  # noqa: F401
                      seeds_per_cell)
 from .registration import CONFIRMATORY, EXPLORATORY, PENDING, Evidence, evidence
 from .report import rows_from_csv, rows_from_text
 from .spec import load_study
-from .stats import fmt_p
-from .studyless import studyless_row
 
 SOURCES = ("Crossroads", "bViT", "SR-ViT", "LoopVAE", "recurvit")  # the table's order: the abstracts' claims first
 STUDYLESS = "claims.yaml"
-RULE_TEXT = {
-    "superiority": "superiority (95% interval of the difference on the claimed side)",
-    "noninferiority": "non-inferiority, margin {margin}",
-    "equivalence": "equivalence, margin ±{margin} (two one-sided tests)",
-    "trend": "trend (least-squares slope{over})",
-    "near_chance": "near chance, margin {margin}",
-    "heterogeneity": "heterogeneity (Welch ANOVA; uniform = pairwise equivalence within ±{margin})",
-    "all_of": "all of: {parts}",
-    "accounting": "accounting",
-    "identity": "identity, tested",
-    "needs": "needs",
-    "benchmark": "a target on a benchmark's figures: {bounds}",
-    "target": "a target met per seed (counted, no mean taken): {bounds}",
-    "stopping": "stopping rule: its per-run slope of iterations over size where it solved, above 0{control}",
-}
 QUALIFIED = "reproduced (qualified)"  # a registered rule met, and its qualification (studies/claims.yaml) too
 
 
@@ -68,78 +51,14 @@ class Line:
     # then the one on the points committed after the rule (a registered study's: the confirmatory reading)
 
 
-def _margin(claim: Claim) -> str:
-    m = claim.spec.get("margin")
-    if m is None:
-        return "-"
-    return f"{float(m) * claim.scale:g} {claim.unit}".strip()
-
-
 def rule_text(claim: Claim) -> str:
-    s = claim.spec
-    axis = s.get("x_name", s.get("axis"))
-    over = f" over log2({axis})" if s.get("log2") else f" over {axis}" if axis else ""
-    bounds = ", ".join(f"{c} {'≤' if 'max' in b else '≥'} {b.get('max', b.get('min')):g}"
-                       for c, b in (s.get("targets") or {}).items())
-    control = f", and beyond the control {'/'.join(map(str, s['control'].values()))}" if s.get("control") else ""
-    text = RULE_TEXT[claim.rule].format(margin=_margin(claim), over=over, parts=", ".join(s.get("parts", [])),
-                                        bounds=bounds, control=control)
-    if claim.rule == "superiority" and s.get("by"):
-        text = text.replace("on the claimed side", f"beyond {float(s['by']) * claim.scale:g} {claim.unit}")
-    if s.get("sizes"):
-        text += f", at each size ({', '.join(map(vacuous.size_name, s['sizes']))})"
-    return text
+    """How the table names a claim's rule (its kind says)."""
+    return claim.spec.rule_text()
 
 
 def decision_text(claim: Claim, d: rules.Decision) -> str:
     """The row's deciding figure: the claim's label, then what decided it."""
-    label = claim.spec.get("label", claim.id)
-    if claim.rule == "all_of":
-        return d.note
-    return f"{label}: {_body(claim, d)}"
-
-
-def _fmt(claim: Claim, d: rules.Decision) -> str:
-    return rules.fmt_decision(d, scale=claim.scale, unit=claim.unit)
-
-
-def _body(claim: Claim, d: rules.Decision, short: bool = False) -> str:
-    if "sizes" in claim.spec and d.parts:  # one comparison, a figure a size
-        return "; ".join(f"{name}: {_body(replace(claim, spec=vacuous.with_size(claim.spec, size)), part, True)} "
-                         f"({part.verdict})" for size, (name, part) in zip(claim.spec["sizes"], d.parts))
-    if claim.rule == "stopping" and d.parts:
-        shown = []
-        for name, part in d.parts:
-            if name == "above the control":
-                name += f" ({part.note.split('; the control: ', 1)[-1]})"
-            shown.append(f"{name}: {_fmt(claim, part)} ({part.verdict})")
-        return "; ".join(shown) + f"; {d.note}"
-    if d.verdict == NOT_TESTED or (d.verdict == rules.NOT_MEASURED and d.note.startswith(POOLED)):
-        return d.note
-    if d.verdict == rules.NOT_MEASURED:
-        if claim.rule == "target":
-            return "no run evaluated yet"
-        return d.note if "distinct x" in d.note else "fewer than 2 runs per cell"
-    if claim.rule == "target":
-        return d.note
-    if claim.rule == "near_chance":  # a level, not a difference: no sign, and the chance it is held to
-        note = d.note.split(f"; {vacuous.AT_FLOOR}")[0]
-        text = (f"{d.estimate * claim.scale:.2f}% [{d.lo * claim.scale:.2f}, {d.hi * claim.scale:.2f}], "
-                f"p = {fmt_p(d.p)} ({note})")
-    else:
-        text = _fmt(claim, d)
-    n = min(d.n) if d.n else 0
-    if not math.isnan(d.seeds_needed) and d.verdict == rules.NOT_SEPARABLE:
-        need = "more than 1000" if math.isinf(d.seeds_needed) else f"{d.seeds_needed:.0f}"
-        if claim.rule == "trend":  # n counts runs; seeds_needed counts repetitions of the x values
-            per = claim.spec.get("x_name") or claim.spec.get("axis", "x")
-            text += f" (n = {n} runs; at this effect and spread the rule decides with {need} seeds per {per})"
-        else:
-            text += f" (n = {n}; at this effect and spread the rule decides with {need} seeds)"
-    if d.verdict == rules.HOLDS_VACUOUSLY:
-        text += f", {d.note.split(vacuous.AT_FLOOR, 1)[-1]} in every run" + (
-            "" if short else ": it holds whatever the model does")
-    return text
+    return claim.spec.decision_text(claim, d)
 
 
 # --------------------------------------------------------------- history
@@ -168,8 +87,8 @@ def _reads(earlier: Callable, commit: str, claim: Claim, claims: Dict[str, Claim
     """Whether the results.csv of ``commit`` holds any run the claim reads (a claim made of others: any
     run one of its parts reads), decided or not: a rule written after seeing one seed came after it."""
     rows = earlier(commit)[0]
-    if claim.rule == "all_of":
-        return any(_reads(earlier, commit, claims[p], claims) for p in claim.spec["parts"])
+    if claim.spec.part_ids:
+        return any(_reads(earlier, commit, claims[p], claims) for p in claim.spec.part_ids)
     return reads_any(claim, rows)
 
 
@@ -207,7 +126,7 @@ def _mixed(line: Line, c: Claim, rows: list, inputs: List[Input], registered: bo
     late = after_rule(inputs)
     early = [i.label for i in inputs if i.points and i.label not in late]
     d_late = decide(with_budgets(c, late), rows)
-    unit = c.spec.get("x_name", "")
+    unit = c.spec.x_name or ""
     name = "registered points only" if registered else "points committed after the rule only"
     total = sum(i.points for i in inputs)
     line.figure = (f"{name} ({_points(inputs, late, unit)}): {decision_text(c, d_late)}; all {total} points "
@@ -231,13 +150,15 @@ def qualifications(root: Path) -> Dict[Tuple[str, str], Dict[str, Any]]:
 
 def _qualify(line: Line, c: Claim, d: rules.Decision, spec: Dict[str, Any], rows: list) -> None:
     """A registered claim's verdict read beside its qualification, computed from the same runs."""
-    q = {"a": c.spec.get("a"), "figure": c.spec.get("figure"), "scale": c.spec.get("scale", 100.0),
-         "unit": c.spec.get("unit", "points"), **{k: v for k, v in spec.items() if k not in ("rule", "why")}}
-    qc = Claim(c.id, c.source, c.words, "stopping", q, c.study, c.results, c.labels)
-    check_claim(qc, f"{STUDYLESS}: qualify {c.study.name if c.study else ''} {c.id}")
-    dq = vacuous.stopping(q, rows)
+    where = f"{STUDYLESS}: qualify {c.study.name if c.study else ''} {c.id}"
+    own = {k: getattr(c.spec, k) for k in ("a", "figure", "scale", "unit") if hasattr(c.spec, k)}
+    stop = build(KINDS, "stopping", {"source": c.source, "words": c.words, **own,
+                                     **{k: v for k, v in spec.items() if k not in ("rule", "why")}}, where)
+    qc = Claim(c.id, "stopping", stop, c.study, c.results, c.labels)
+    stop.check(qc, where)
+    dq = stop.decide(rows, qc, {})
     line.figure += (f" · qualified ({spec['why']}; read from the same runs, not registered: exploratory): "
-                    f"{_body(qc, dq)}")
+                    f"{stop.shown(dq)}")
     if d.verdict == rules.REPRODUCED:
         line.verdict = {rules.REPRODUCED: QUALIFIED, rules.HOLDS_VACUOUSLY: rules.HOLDS_VACUOUSLY}.get(
             dq.verdict, f"reproduced (qualified: {dq.verdict})")
@@ -271,12 +192,12 @@ def collect(root: Path) -> List[Line]:
                 figure, verdict = decision_text(c, d), d.verdict
                 if len(rows) < len(study.runs):  # decided on the runs in so far: say so
                     figure += f" (partial study: {len(rows)} of {len(study.runs)} runs in)"
-            came = rule_came(root, path, c.id, results, claim_columns(c), c.spec.get("seen", ()),
+            came = rule_came(root, path, c.id, results, claim_columns(c), c.spec.seen,
                              lambda commit, claim=c: _reads(earlier, commit, claim, by_id))
             registered = ev.status in (CONFIRMATORY, PENDING)
             line = Line(c, study.results.name, figure, verdict,
                         _grown(came, c, rows, earlier, root, results, registered), ev)
-            if c.rule == "trend" and "budgets" in c.spec:  # its inputs: every budget's results
+            if isinstance(c.spec, Trend) and c.spec.budgets is not None:  # its inputs: every budget's results
                 inputs = budget_inputs(root, c, rows, line.came)
                 line.data = data_with_seeds(c.data, inputs)
                 line.came = mixed(inputs) or line.came
@@ -288,7 +209,7 @@ def collect(root: Path) -> List[Line]:
             lines.append(line)
         mine = {ln.claim.id: ln for ln in lines[len(lines) - len(study.claims):]}
         for ln in mine.values():  # a claim made of others came after when a part did, is nominal when one is
-            parts = [mine[p].came for p in ln.claim.spec.get("parts", ())]
+            parts = [mine[p].came for p in ln.claim.spec.part_ids]
             if ln.came.startswith("before") and "after" in parts:
                 ln.came = "after"
             elif ln.came.startswith("before") and any(p.startswith("mixed") for p in parts):
@@ -301,10 +222,9 @@ def collect(root: Path) -> List[Line]:
     studyless = root / "studies" / STUDYLESS
     if studyless.is_file():
         for c in load_claims(studyless):
-            figure, verdict = studyless_row(c, root)
-            came = "-"
-            if c.rule == "benchmark":  # its figures come from a file: the rule came before or after its first commit
-                came = rule_came(root, studyless, c.id, root / c.spec["file"], (), c.spec.get("seen", ()))
+            figure, verdict = c.spec.row(c, root)
+            file = c.spec.file_read()  # its figures come from a file: the rule came before or after its first commit
+            came = rule_came(root, studyless, c.id, root / file, (), c.spec.seen) if file else "-"
             lines.append(Line(c, "", figure, verdict, came))
     order = {s: i for i, s in enumerate(SOURCES)}
     return sorted(lines, key=lambda ln: order.get(ln.claim.source, len(order)))

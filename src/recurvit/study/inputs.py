@@ -17,28 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Sequence
 
-from .cells import SEED_KEY, Row, as_number, figure_of, in_cell
-from .claims import Claim, budget_folder, claim_figures, trend_values
+from .cells import SEED_KEY, Row, in_cell
+from .claims import Claim
 from .history import rule_came, show
 
 
 # ------------------------------------------------------------------ which runs a claim reads
 def claim_cells(claim: Claim) -> List[Dict[str, Any]]:
     """The cells whose runs a claim reads (none for a claim made of others)."""
-    s = claim.spec
-    cells = [s[k] for k in ("a", "b", "control") if isinstance(s.get(k), dict)] + list((s.get("groups") or {}).values())
-    if claim.rule == "trend" and "budgets" in s:  # its own study's runs: the cells a and b
-        return [s.get("a", {})] + ([s["b"]] if "b" in s else [])
-    if claim.rule == "trend":
-        cells = [{s["axis"]: label, **side} for label in s["x"] for side in ([s.get("a", {})] + (
-            [s["b"]] if "b" in s else []))]
-    return cells
+    return claim.spec.read_cells()
 
 
 def has_figure(claim: Claim, row: Row) -> bool:
-    if claim.rule == "target":
-        return any(as_number(row.get(c)) is not None for c in claim.spec["targets"])
-    return any(figure_of(row, fig) is not None for fig in claim_figures(claim))
+    return claim.spec.has_figure(row)
 
 
 def reads_any(claim: Claim, rows: Iterable[Row]) -> bool:
@@ -77,8 +68,9 @@ def budget_inputs(root: Path, claim: Claim, rows: List[Row], own_came: str) -> L
     the claim's rule came before its first commit holding a run of the claim's cells (``own_came``: the
     history of the study's own results, already read)."""
     out = []
-    for (label, _, got), folder in zip(trend_values(claim, rows), claim.spec["budgets"].values()):
-        csv_path = budget_folder(claim, folder) / "results.csv"
+    trend = claim.spec
+    for (label, _, got), folder in zip(trend.by_x(rows, claim), trend.budgets.values()):
+        csv_path = trend.folder(claim, folder) / "results.csv"
         try:
             rel = str(csv_path.relative_to(root.resolve()))
         except ValueError:

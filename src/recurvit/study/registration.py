@@ -89,7 +89,7 @@ def _cells(study: Any, rows: Sequence[Row]) -> Dict[tuple, List[str]]:
 
 def evidence(root: Path, study: Any, results: Path, rows: Sequence[Row]) -> Evidence:
     """The evidence status of a study's rows (see the module docstring)."""
-    reg = getattr(study, "registration", None) or {}
+    reg = study.registration
     if not reg:
         return Evidence(EXPLORATORY, "")
     rel = str(Path(study.path).resolve().relative_to(root.resolve()))
@@ -108,7 +108,7 @@ def evidence(root: Path, study: Any, results: Path, rows: Sequence[Row]) -> Evid
     if first is not None and not _is_strict_ancestor(root, registered, first):
         return Evidence(EXPLORATORY, f"results committed before or with the registration {registered[:7]}",
                         registered)
-    seeds, n = sorted(map(str, reg["seeds"])), int(reg["n"])
+    seeds, n = sorted(map(str, reg.seeds)), int(reg.n)
     got = 0
     for cell, have in _cells(study, rows).items():
         extra = sorted(set(have) - set(seeds)) or sorted({s for s in have if have.count(s) > 1})

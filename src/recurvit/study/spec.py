@@ -24,6 +24,9 @@
                                           #   two study files may share runs (same ids = same runs)
     results: results/crossroads_digits    # where results.csv / report.md / plots go
 
+The file is read into typed keys first (:mod:`recurvit.study.study_file`: an unknown key, a missing one or a
+value of the wrong type is one line), its claims each into the class of its kind (:mod:`recurvit.study.claims`).
+
 Each grid point is a run directory ``<runs>/runs/<id>``; a run with an up-to-date ``result.json``
 is done, a run with ``last.pt`` is resumed (or, when its training is complete and the study asks for
 an evaluator it lacks, only that evaluator runs), so an interrupted study continues where it stopped.
@@ -38,15 +41,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-import yaml
-
 from ..config_names import packaged
 from ..errors import UserError
-from .base_config import MAX_BASE, check_base, shown
+from .base_config import check_base, shown
 from .cells import SEED_KEY
 from .claims import load_claims
 from .evaluators import for_run, parse_eval
 from .registry import view_of
+from .study_file import LABEL, RegistrationKeys, ReportKeys, read_study_file
 
 
 @dataclass
@@ -72,7 +74,7 @@ class Study:
     path: Optional[Path] = None
     runs: List[RunSpec] = field(default_factory=list)
     claims: List[Any] = field(default_factory=list)  # recurvit.study.claims.Claim: what the study decides
-    registration: Dict[str, Any] = field(default_factory=dict)  # a pre-registered study's n, seeds, ... (below)
+    registration: Optional[RegistrationKeys] = None  # a pre-registered study's n, seeds, ... (below)
 
     def eval_for(self, labels: Dict[str, str]) -> Dict[str, Dict[str, Any]]:
         """The evaluators (with options) a finished run with these grid labels must have run; each is
@@ -84,84 +86,22 @@ class Study:
         return [a for a, _ in self.axes if a != SEED_KEY]
 
 
-TOP_KEYS = ("name", "task", "base", "from", "overrides", "grid", "eval", "report", "runs", "results", "claims",
-            "registration")
-REGISTRATION_KEYS = ("n", "seeds", "checkpoint", "budget")
-REPORT_KEYS = ("compare", "frontier")
-LABEL = re.compile(r"[A-Za-z0-9_.+-]+")
 CHECKED_RUNS = 500  # grid points whose config is read when the study file is (the rest at run time)
 MAX_RUNS = 10_000  # a grid larger than this is a mistake (a typo in an axis), not a study
-
-
-def _check_keys(p: Path, raw: Dict[str, Any], allowed: Tuple[str, ...], prefix: str) -> None:
-    import difflib
-
-    for key in raw:
-        if key not in allowed:
-            near = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"; did you mean '{prefix}{near[0]}'?" if near else f" (known: {', '.join(allowed)})"
-            raise UserError(f"study file {p}: unknown key '{prefix}{key}'{hint}")
 
 
 def _label(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", str(value))
 
 
-class _UniqueKeys(yaml.SafeLoader):
-    """yaml's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last in silence: two
-    grid variants with the same label collapsed into one)."""
-
-
-def _unique_mapping(loader, node, deep=False):
-    seen = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor': merged keys may be overridden
-            continue
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"'{key}' is given twice", key_node.start_mark)
-            seen.add(key)
-        except TypeError:  # an unhashable key: yaml's own constructor says so
-            break
-    return loader.construct_mapping(node, deep)
-
-
-_UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
 def load_study(path: str | Path) -> Study:
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"study file not found: {p}")
-    if p.stat().st_size > MAX_BASE:  # a 200 MB file was parsed for 90 s into a MemoryError
-        raise UserError(f"study file {p} is {p.stat().st_size:,} bytes; a study file is a YAML file of a few KB")
-    try:
-        raw = yaml.load(p.read_text(), Loader=_UniqueKeys) or {}  # safe, and a key given twice is an error
-    except yaml.YAMLError as e:
-        raise UserError(f"study file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
-    except RecursionError:  # 5,000 nested levels: a 3,000-line traceback before
-        raise UserError(f"study file {p} is nested too deeply to be a study file") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"study file {p} must be a mapping with name, base and grid")
-    _check_keys(p, raw, TOP_KEYS, "")
-    if isinstance(raw.get("report"), dict):
-        _check_keys(p, raw["report"], REPORT_KEYS, "report.")
-    for key in ("name", "grid") + (() if raw.get("from") else ("base",)):
-        if key not in raw:
-            raise UserError(f"study file {p} needs a '{key}:' entry (see recurvit/study/spec.py)")
-    name = raw["name"]  # it names folders (runs/studies/<name>): it must stay inside the working folder
-    if not isinstance(name, str) or not LABEL.fullmatch(name) or name in (".", ".."):
-        raise UserError(f"study file {p}: name must be one word of letters, digits, '_', '.', '+', '-' (it names "
-                        f"the study's folders), got {name!r}")
-    for key in ("grid", "overrides", "eval", "report"):
-        if raw.get(key) is not None and not isinstance(raw[key], dict):
-            raise UserError(f"study file {p}: '{key}:' must be a mapping (key: value lines), "
-                            f"got a {type(raw[key]).__name__}")
-    task = str(raw.get("task", "classify"))
+    keys = read_study_file(p)
+    name = keys.name
+    task = str(keys.task)
     view = view_of(task, f"study file {p}")  # the tasks a study can run: those that registered a view
     axes = []
-    for axis, values in (raw["grid"] or {}).items():
+    for axis, values in (keys.grid or {}).items():
         if isinstance(values, dict):
             bad = [str(lbl) for lbl, ov in values.items() if ov is not None and not isinstance(ov, dict)]
             if bad:
@@ -184,7 +124,7 @@ def load_study(path: str | Path) -> Study:
             raise UserError(f"study file {p}: grid axis '{axis}' lists {', '.join(dup)} more than once "
                             "(each run would count twice)")
         axes.append((str(axis), variants))
-    source = _source(raw.get("from"), p) if raw.get("from") else None
+    source = _source(keys.from_, p) if keys.from_ else None
     if source is not None:
         clash = sorted({a for a, _ in axes} & {a for a, _ in source[0]})
         if clash:
@@ -194,26 +134,25 @@ def load_study(path: str | Path) -> Study:
     if size > MAX_RUNS:
         raise UserError(f"study file {p}: its grid has {size:,} runs (more than {MAX_RUNS:,}); split it or "
                         "shorten an axis")
-    rep = raw.get("report") or {}
-
-    evaluators = parse_eval(raw.get("eval") or {}, getattr(view, "EVALUATORS", {}), f"study file {p}",
+    rep = keys.report or ReportKeys()
+    evaluators = parse_eval(keys.eval or {}, getattr(view, "EVALUATORS", {}), f"study file {p}",
                             {axis: [lbl for lbl, _ in variants] for axis, variants in axes})
-    pairs = rep.get("compare") or []
+    pairs = rep.compare or []
     if not isinstance(pairs, list) or any(not isinstance(pair, list) or len(pair) != 2 for pair in pairs):
         raise UserError(f"study file {p}: report.compare holds pairs of variant labels, e.g. [[naive, ds3]]")
     compare = [tuple(map(str, pair)) for pair in pairs]
     if any(len(pair) != 2 for pair in compare):
         raise UserError(f"study file {p}: report.compare holds pairs of variant labels, e.g. [[naive, ds3]]")
     study = Study(
-        name=str(raw["name"]), base=_find(raw["base"], p) if source is None else source[1], axes=axes, task=task,
-        overrides=[f"{k}={_yaml_value(v)}" for k, v in (raw.get("overrides") or {}).items()],
+        name=name, base=_find(keys.base, p) if source is None else source[1], axes=axes, task=task,
+        overrides=[f"{k}={_yaml_value(v)}" for k, v in (keys.overrides or {}).items()],
         evaluators=evaluators,
-        compare=compare, frontier=bool(rep.get("frontier", False)),
-        runs_dir=(p.parent / raw["runs"]).resolve() if raw.get("runs") else None,
-        results=(p.parent / raw["results"]).resolve() if raw.get("results") else None, path=p)
+        compare=compare, frontier=bool(rep.frontier),
+        runs_dir=(p.parent / keys.runs).resolve() if keys.runs else None,
+        results=(p.parent / keys.results).resolve() if keys.results else None, path=p)
     if not axes:  # was: one run of the base, its full budget, exit 0
         raise UserError(f"study file {p}: grid has no axis; give at least one (e.g. train.seed: [0, 1, 2])")
-    study.registration = _registration(raw.get("registration"), p, axes)
+    study.registration = _registration(keys.registration, p, axes)
     study.runs = expand(study) if source is None else _expand_from(study, source)
     check_run = getattr(view, "check_run", None)
     for spec in study.runs[:CHECKED_RUNS] if check_run is not None else ():  # a bad value: one line now, not
@@ -229,25 +168,22 @@ def load_study(path: str | Path) -> Study:
     return study
 
 
-def _registration(reg: Any, p: Path, axes) -> Dict[str, Any]:
+def _registration(reg: Optional[RegistrationKeys], p: Path, axes) -> Optional[RegistrationKeys]:
     """A confirmatory study's registration: ``n`` runs per cell, exactly the ``seeds`` of its seed axis, the
     ``checkpoint`` its figures are read from (``last``) and its ``budget`` in words. The findings table
     reads the commit that added it as the registration (:mod:`recurvit.study.findings`)."""
     if reg is None:
-        return {}
-    if not isinstance(reg, dict):
-        raise UserError(f"study file {p}: registration: must be a mapping ({', '.join(REGISTRATION_KEYS)})")
-    _check_keys(p, reg, REGISTRATION_KEYS, "registration.")
+        return None
     seeds = dict(axes).get(SEED_KEY)
-    n, listed = reg.get("n"), reg.get("seeds")
+    n, listed = reg.n, reg.seeds
     if seeds is None or not isinstance(n, int) or not isinstance(listed, list) or len(listed) != n:
         raise UserError(f"study file {p}: registration needs n (an integer) and seeds (n of them), and the grid "
                         f"a {SEED_KEY} axis")
     if sorted(map(str, listed)) != sorted(lbl for lbl, _ in seeds):
         raise UserError(f"study file {p}: registration.seeds {listed} are not the grid's {SEED_KEY} values")
-    if reg.get("checkpoint", "last") != "last":
+    if reg.checkpoint != "last":
         raise UserError(f"study file {p}: registration.checkpoint: a study reads last.pt, so only 'last' is honest")
-    return dict(reg)
+    return reg
 
 
 def run_dir_root(study: "Study") -> Path:
