@@ -358,9 +358,9 @@ def test_labels_win_over_result_keys_and_any_crash_is_a_failed_row(tmp_path, mon
         out.mkdir(parents=True, exist_ok=True)
         return {"model": "bvit_tiny", "acc_T": 0.5}
 
-    from recurvit.tasks.classify import study as classify_study
+    from recurvit.tasks.classify.study import ClassifyView
 
-    monkeypatch.setattr(classify_study, "run", fake)
+    monkeypatch.setattr(ClassifyView, "run", lambda self, *a, **kw: fake(*a, **kw))
     kw = dict(task="classify", base="b.yaml", overrides=[], out=str(tmp_path / "a"), eval_spec={}, labels={"model": "bvit"})
     assert runner.run_one(**kw)["model"] == "bvit"  # a grid axis named like a result key keeps its label
 
@@ -368,7 +368,7 @@ def test_labels_win_over_result_keys_and_any_crash_is_a_failed_row(tmp_path, mon
         out.mkdir(parents=True, exist_ok=True)
         raise RuntimeError("CUDA out of memory\ndetails")
 
-    monkeypatch.setattr(classify_study, "run", crash)
+    monkeypatch.setattr(ClassifyView, "run", lambda self, *a, **kw: crash(*a, **kw))
     row = runner.run_one_safe({**kw, "out": str(tmp_path / "b")})
     assert row["error"] == "RuntimeError: CUDA out of memory" and row["model"] == "bvit"
     assert (tmp_path / "b" / "error.txt").read_text().startswith("RuntimeError")

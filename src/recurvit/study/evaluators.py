@@ -8,7 +8,7 @@
       per_step: {images: 2000, only: {regime: [naive, ds3]}}   # per-step analyses, on some cells only
 
 An evaluator is a subclass of :class:`Evaluator` registered in its task's table (for classification
-``recurvit.tasks.classify.evaluators.EVALUATORS``; a task's study module exposes it as ``EVALUATORS``): it
+``recurvit.tasks.classify.evaluators.EVALUATORS``; a task's view holds it as ``EVALUATORS``): it
 checks its options when the study file is read, and, given a trained run, returns the columns it adds
 to the run's result row. A run's ``result.json`` records, per evaluator, the options it was evaluated
 with; when a study asks for an evaluator a finished run lacks (or other options), only that evaluator

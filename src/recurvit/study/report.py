@@ -23,7 +23,7 @@ from .stats import fmt_ci, fmt_p, mean_ci, welch
 def evaluator_columns(rows: List[Dict[str, Any]], study: Study) -> List[str]:
     """The scalar columns the task's evaluators add (their ``columns``, tagged for the study's tagged
     instances such as ``exit@beyond``) that some row has."""
-    table = getattr(view_of(study.task), "EVALUATORS", {})
+    table = view_of(study.task).EVALUATORS
     keys = list(table) + [k for k in study.evaluators if k not in table]
     cols = [c for k in keys for c in columns(k, evaluator(table, k))]
     return [c for c in dict.fromkeys(cols) if any(r.get(c) is not None for r in rows)]
@@ -32,11 +32,8 @@ def evaluator_columns(rows: List[Dict[str, Any]], study: Study) -> List[str]:
 def write_results_csv(rows: List[Dict[str, Any]], study: Study, path: Path) -> None:
     axes, view = [a for a, _ in study.axes], view_of(study.task)
     variant_keys = sorted({f"variant_{k}" for r in rows for k, v in (r.get("variants") or {}).items() if v})
-    own = view.csv_columns(rows) if hasattr(view, "csv_columns") else []  # a task's columns that vary with its runs
-    keys = (["run_id"] + axes + [k for k in view.CSV_KEYS if k not in axes] + [k for k in own if k not in axes]
+    keys = (["run_id"] + axes + [k for k in view.csv_columns(rows) if k not in axes]
             + evaluator_columns(rows, study) + variant_keys)
-    import io
-
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
     w.writeheader()
@@ -77,8 +74,9 @@ def rows_from_text(text: str, study: Study) -> List[Dict[str, Any]]:
 
     rows = [{k: (v if k in ("run_id", *dict(study.axes)) else num(v)) for k, v in r.items()}
             for r in csv.DictReader(io.StringIO(text))]
+    view = view_of(study.task)
     for r in rows:
-        view_of(study.task).complete_csv_row(r)
+        view.complete_row(r)
     return rows
 
 
@@ -89,18 +87,10 @@ def cells(rows: List[Dict[str, Any]], study: Study) -> List[Dict[str, Any]]:
     for r in rows:
         groups.setdefault(tuple(r.get(a) for a in axes), []).append(r)
     out = []
-    for rs in groups.values():
-        view.prepare_rows(rs)
     for key, rs in groups.items():
         c = dict(zip(axes, key))
         c["cell"] = " / ".join(map(str, key)) or rs[0]["model"]
         c["rows"] = rs
-        c.update({k: rs[0].get(k) for k in view.SHARED_KEYS})
-        c["n"] = len(rs)
-        for k in view.STAT_KEYS:
-            c[k] = mean_ci([r.get(k) for r in rs])
-        first = min(rs, key=lambda r: (r.get("seed") is None, r.get("seed")))
-        c["curve"] = first.get(view.CURVE_KEY)
         view.fill_cell(c, rs)
         out.append(c)
     return out
@@ -117,7 +107,7 @@ def comparisons(cs: List[Dict[str, Any]], study: Study) -> List[str]:
     if not study.compare:
         return []
     axes, view = study.cell_axes(), view_of(study.task)
-    keys, scale, unit = view.CONTRAST
+    keys, scale, unit, heads = view.CONTRAST
     lines = [f"Comparisons (difference of means, {unit}, with its 95% Welch interval and two-sided p-value; "
              f"n = seeds per cell; seeds needed = the seeds per cell with which a 95% interval would exclude 0 "
              f"at the observed difference and spread):", ""]
@@ -129,7 +119,7 @@ def comparisons(cs: List[Dict[str, Any]], study: Study) -> List[str]:
                 if math.isnan(w["diff"]):
                     continue
                 need = seeds_needed([r.get(k) for r in ca["rows"]], [r.get(k) for r in cb["rows"]])
-                body.append([f"{a} − {b}{where}", view.ACC_HEAD.get(k, k), f"{w['diff'] * scale:+.2f}",
+                body.append([f"{a} − {b}{where}", heads.get(k, k), f"{w['diff'] * scale:+.2f}",
                              f"[{w['lo'] * scale:+.2f}, {w['hi'] * scale:+.2f}]", fmt_p(w["p"]),
                              f"{ca['n']} / {cb['n']}", _fmt_need(need)])
     if not body:  # a partial study: no pair of cells has two seeds each yet
@@ -187,16 +177,14 @@ def write_report(rows: List[Dict[str, Any]], study: Study, out_dir: Path, comman
     lines += [_cost(rows), ""]
     lines += _not_run_yet(study, rows + failed)
     view = view_of(study.task)
-    chance = view.chance(rows)
-    lines += view.intro(rows, seeds)
-    lines += view.tables(cs, study)
+    lines += view.tables(rows, cs, study, seeds)
     lines += evaluated_table(cs, study)
     lines += comparisons(cs, study)
     if failed:
         lines += ["Failed runs (not in the table):", ""] + [f"- `{r['run_id']}`: {r['error']}" for r in failed] + [""]
-    plots = _plots(cs, study, out_dir, chance)
+    plots = view.plots(cs, study, out_dir) if cs else []
     if study.registration and rows:  # a registered study shows every run's curve: was its budget enough?
-        word = getattr(view, "CURVE_WORD", "accuracy")  # the per-epoch figure its runs' curves hold
+        word = view.CURVE_WORD  # the per-epoch figure its runs' curves hold
         lines += every_run_table(rows, study, word)
         plots.insert(0, every_run(rows, lambda r: _cell_name(r, study), out_dir, study.name, word))
     for title, name in plots:
@@ -244,10 +232,6 @@ def evaluated_table(cs: List[Dict[str, Any]], study: Study) -> List[str]:
             for c in cs if any(r.get(k) is not None for r in c["rows"] for k in cols)]
     return [f"Figures of the study's evaluators ({', '.join(study.evaluators)}), mean ± 95% half-width over "
             "seeds:", ""] + table(axes + cols, body) + [""]
-
-
-def _plots(cs, study: Study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
-    return view_of(study.task).report_plots(cs, study, out_dir, chance) if cs else []
 
 
 __all__ = ["write_report", "write_results_csv", "cells", "SEED_KEY"]

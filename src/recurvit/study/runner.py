@@ -8,7 +8,7 @@ Runs go to worker processes (``--workers N``, one thread each by default) or, wi
 submitit``, to cluster jobs (:mod:`recurvit.study.launch`); a run that fails with a user error
 (diverged, bad option) is reported in the study, not fatal to it.
 
-What a run of a task trains and reports is the task's (its registered view's ``run``: :mod:`.registry`);
+What a run of a task trains and reports is the task's (its view's ``run``: :mod:`.registry`);
 ``run_one(..., nproc=N)`` trains it data-parallel in N processes (torchrun, one GPU each:
 ``recurvit train --nproc N``'s processes) and evaluates it in this process; a cluster job with
 ``--gpus-per-run N`` runs that way.
@@ -45,8 +45,8 @@ def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dic
 
     ``previous``: the run's stored result, when its training is complete and only some evaluators are
     missing (``eval_spec`` then names just those; the stored figures of the others are kept).
-    ``nproc`` > 1: train in that many processes (torchrun, DDP), evaluate here. ``imports``: the study views
-    of the planning process by name (:func:`recurvit.study.registry.registrants`), for a fresh process."""
+    ``nproc`` > 1: train in that many processes (torchrun, DDP), evaluate here. ``imports``: the tasks the
+    planning process added at run time (:func:`recurvit.study.registry.registrants`), for a fresh process."""
     if threads:
         import torch
 
@@ -54,7 +54,7 @@ def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dic
     out_p = Path(out)
     (out_p / "error.txt").unlink(missing_ok=True)  # of an earlier, failed attempt
     t0 = time.perf_counter()
-    import_registrants(imports)  # a fresh process (a spawned worker, a cluster job): views added at run time
+    import_registrants(imports)  # a fresh process (a spawned worker, a cluster job): tasks added at run time
     eval_spec = recorded({"eval": eval_spec})  # also the {max_steps_factor, variants} form of older callers
     res = view_of(task).run(base, overrides, out_p, eval_spec, nproc=nproc, threads=threads)
     record = eval_spec

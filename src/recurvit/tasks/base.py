@@ -1,14 +1,16 @@
 """What a training mode must say for the one loop (:func:`recurvit.train.fit.fit`) to train it.
 
 A task is one folder in ``tasks/`` (its task, evaluators and study view) plus one entry in
-:data:`recurvit.task_table.TASKS` (and one in ``VIEWS`` for its study view). It defines:
+:data:`recurvit.task_table.TASKS` (and one in ``VIEWS`` for its study view, a
+:class:`recurvit.study.registry.View`); a task defined elsewhere is one call, :func:`recurvit.task_table.add`.
+It defines ``name``, ``reader``, ``setup`` and ``train_step``; everything else has a default here:
 
 - ``name``: the checkpoint's ``task`` key (a resume of another task's run is refused).
 - ``reader``: how its checkpoints become a model again (:class:`recurvit.run.checkpoint.Reader`), which
   :func:`recurvit.run.load.load` finds through the task table.
-- (optional) the data it trains: an entry of :data:`recurvit.task_table.DATA_TASKS` makes ``recurvit train``
-  pick it for that data (the mazes: the dense task).
-- ``cfg``: its typed run config (``cfg.train`` has at least seed, epochs, eval_every, device,
+- (optional) the data it trains: an entry of :data:`recurvit.task_table.DATA_TASKS` (or ``data=`` of
+  ``task_table.add``) makes ``recurvit train`` pick it for that data (the mazes: the dense task).
+- ``cfg``: its typed run config (a dataclass; ``cfg.train`` has at least seed, epochs, eval_every, device,
   tensorboard); ``config_dict()`` / ``config_yaml()`` give the plain and written forms.
 - ``check()``: config values that make no sense, one line each (before any directory exists);
   ``run_files()``: what the run directory holds from the start besides config.yaml.
@@ -18,9 +20,11 @@ A task is one folder in ``tasks/`` (its task, evaluators and study view) plus on
   restored by the loop); ``extra_state(env)``: what the task adds to ``last.pt``.
 - ``prepare_training(env, device, log, force)``: what wraps the model once its weights are final
   (compilation, activation checkpointing, DDP, memory checks); ``header(env, device)``: one line.
-- ``start_epoch(epoch)``; ``train_step(batch, amp)``: one batch's loss and figures
-  (:class:`recurvit.train.loop.Step`; ``amp()`` is the autocast context to run the forward under), which the
-  loop's batch loop (:func:`recurvit.train.loop.train_epoch`) steps, sums, reduces and checks;
+- ``start_epoch(epoch)``: a loader with a generator of its own is reseeded here from seed and epoch
+  (``recurvit.run.loaders.set_epoch``), so a resumed run shuffles as an uninterrupted one;
+  ``train_step(batch, amp)``: one batch's loss and figures (:class:`recurvit.train.loop.Step`; ``amp()`` is
+  the autocast context to run the forward under), which the loop's batch loop
+  (:func:`recurvit.train.loop.train_epoch`) steps, sums, reduces and checks;
   ``epoch_metrics(totals, seconds)``: the metrics of one pass from its sums; ``progress(totals)``: the
   figures the progress bar and ``train.log_every`` lines show; ``batch_guard(epoch)``: a callable the loop
   calls after each of the first two batches (a time guard), or None.
@@ -39,6 +43,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from .. import task_table
+from ..config import as_dict, to_yaml
 from ..errors import UserError
 from ..train.resume import config_changes
 
@@ -62,10 +67,12 @@ class Task:
 
     # ---------------------------------------------------------------- config
     def config_dict(self) -> Dict[str, Any]:
-        raise NotImplementedError
+        """The config as plain types (what a checkpoint stores)."""
+        return as_dict(self.cfg)
 
     def config_yaml(self) -> str:
-        raise NotImplementedError
+        """The config as config.yaml holds it."""
+        return to_yaml(self.cfg)
 
     def config_changes(self, state: Dict[str, Any]) -> list:
         """The keys whose values differ between the checkpoint's config and this task's."""

@@ -25,15 +25,9 @@ import yaml
 from ...errors import UserError
 from ...run.progress import quiet
 from ...study.grouping import table
-from .evaluators import EVALUATORS  # noqa: F401  (a fine-tune is evaluated as a classification run)
-from .study import (ACC_HEAD, ACC_KEYS, CONTRAST, CURVE_KEY, STAT_KEYS, chance, complete_csv_row,  # noqa: F401
-                    evaluate_trained, fill_cell, intro, prepare_rows, report_plots)
 from .finetune import finetune, finetune_resume
-from .study import CSV_KEYS as _CLASSIFY_KEYS, SHARED_KEYS as _SHARED, tables as _classify_tables
+from .study import ClassifyView, evaluate_trained
 
-name = "finetune"
-CSV_KEYS = ["method", "trainable_params", *_CLASSIFY_KEYS]
-SHARED_KEYS = [*_SHARED, "trainable_params"]
 RECIPE = {"finetune.method": "method", "finetune.data": "data", "finetune.rank": "rank", "finetune.alpha": "alpha"}
 
 
@@ -54,29 +48,40 @@ def recipe_of(overrides: List[str]) -> tuple:
     return recipe, rest
 
 
-def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
-        threads: Optional[int] = None) -> Dict[str, Any]:
-    """Fine-tune the source run ``base`` (resuming an interrupted fine-tune), then evaluate it."""
-    recipe, rest = recipe_of(overrides)
-    if nproc > 1:
-        raise UserError("a fine-tuning study trains each run in one process")
-    if not (Path(base) / "last.pt").is_file():
-        raise UserError(f"source run {base} has no last.pt: run the study it comes from first (from:)")
-    if (out / "finetune.json").is_file() and (out / "last.pt").is_file():
-        summary = finetune_resume(out, log=quiet)
-    else:
-        summary = finetune(base, recipe["data"], recipe["method"], int(recipe["rank"]), recipe["alpha"],
-                           rest + ["train.progress=false"], out, log=quiet)
-    row = evaluate_trained(out, eval_spec, summary)
-    return {**row, "method": recipe["method"], "trainable_params": summary.get("trainable_params"),
-            "source": str(base)}
+class FinetuneView(ClassifyView):
+    """Fine-tuning runs: a classification run's row, tables and plots, plus the method and what it trains."""
 
+    name = "finetune"
+    CSV_KEYS = ["method", "trainable_params", *ClassifyView.CSV_KEYS]
+    SHARED_KEYS = [*ClassifyView.SHARED_KEYS, "trainable_params"]
 
-def tables(cs: List[Dict[str, Any]], study) -> List[str]:
-    """The classification tables, then what each recipe trains (its trainable parameters, head included)."""
-    axes = study.cell_axes()
-    body = [[str(c[a]) for a in axes] + [f"{c['trainable_params']:,}", f"{100 * c['trainable_params'] / c['params_stored']:.1f}%"]
-            for c in cs if c.get("trainable_params")]
-    extra = (["Trainable parameters of each fine-tune (the head included; stored = the model with its adapters):", ""]
-             + table(axes + ["trainable params", "of stored"], body) + [""]) if body else []
-    return _classify_tables(cs, study) + extra
+    def check_run(self, base: str, overrides: List[str]) -> None:
+        """Nothing before the runs: a run's source is another study's run directory, made by then."""
+        return None
+
+    def run(self, base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
+            threads: Optional[int] = None) -> Dict[str, Any]:
+        """Fine-tune the source run ``base`` (resuming an interrupted fine-tune), then evaluate it."""
+        recipe, rest = recipe_of(overrides)
+        if nproc > 1:
+            raise UserError("a fine-tuning study trains each run in one process")
+        if not (Path(base) / "last.pt").is_file():
+            raise UserError(f"source run {base} has no last.pt: run the study it comes from first (from:)")
+        if (out / "finetune.json").is_file() and (out / "last.pt").is_file():
+            summary = finetune_resume(out, log=quiet)
+        else:
+            summary = finetune(base, recipe["data"], recipe["method"], int(recipe["rank"]), recipe["alpha"],
+                               rest + ["train.progress=false"], out, log=quiet)
+        row = evaluate_trained(out, eval_spec, summary)
+        return {**row, "method": recipe["method"], "trainable_params": summary.get("trainable_params"),
+                "source": str(base)}
+
+    def tables(self, rows: List[Dict[str, Any]], cs: List[Dict[str, Any]], study, seeds: list) -> List[str]:
+        """The classification tables, then what each recipe trains (its trainable parameters, head included)."""
+        axes = study.cell_axes()
+        body = [[str(c[a]) for a in axes] + [f"{c['trainable_params']:,}",
+                                             f"{100 * c['trainable_params'] / c['params_stored']:.1f}%"]
+                for c in cs if c.get("trainable_params")]
+        extra = (["Trainable parameters of each fine-tune (the head included; stored = the model with its "
+                  "adapters):", ""] + table(axes + ["trainable params", "of stored"], body) + [""]) if body else []
+        return super().tables(rows, cs, study, seeds) + extra

@@ -1,6 +1,6 @@
-"""What a study asks of classification runs: each run's result row (train, then evaluate over the
-horizon and core-option variants) and the columns, cells, tables and plots of its report.
-The study runner and report (recurvit.study) read this through its registry (:mod:`recurvit.study.registry`)."""
+"""What a study asks of classification runs (:class:`ClassifyView`): each run's result row (train, then evaluate
+over the horizon and core-option variants) and the columns, cells, tables and plots of its report.
+The study runner and report (recurvit.study) find it through the task table (:mod:`recurvit.study.registry`)."""
 from __future__ import annotations
 
 import math
@@ -24,40 +24,25 @@ from ...study import plots
 from ...study.evaluators import Evaluated, evaluate_run
 from ...study.grouping import axis_of, pairs, table
 from ...study.plateau import plateau_change, plateau_column, plateau_per_seed, plateau_summary, plateau_text
+from ...study.registry import Contrast, View
 from ...study.stats import fmt_ci, mean_ci, welch
 from ...study.workers import run_config, train_in_processes
 from .evaluators import EVALUATORS
 from .task import train
 
-name = "classify"
 ACC_KEYS = ["acc_T", "acc_2T", "acc_4T", "acc_8T", "acc_16T", "acc_32T", "acc_64T", "acc_mean_T_4T"]
 ACC_HEAD = {"acc_T": "acc@T", "acc_2T": "acc@2T", "acc_4T": "acc@4T", "acc_8T": "acc@8T", "acc_16T": "acc@16T",
             "acc_32T": "acc@32T", "acc_64T": "acc@64T",
             "acc_mean_T_4T": "mean T..4T"}
-CSV_KEYS = ["model", "core", "runs_as", "embed_dim", "depth", "steps", "seed", "epochs", "params",
-            "params_stored", "flops_forward", "nfe", "chance", *ACC_KEYS, "test_acc_final", "train_seconds",
-            "eval_seconds", "plateau_val", "plateau_test"]
-STAT_KEYS = ACC_KEYS + ["train_seconds"]
-SHARED_KEYS = ["model", "core", "runs_as", "shares_blocks", "embed_dim", "depth", "steps", "epochs",
-               "params_stored", "flops_forward", "nfe", "chance"]
-CURVE_KEY = "test_acc_curve"
-CONTRAST = (ACC_KEYS, 100.0, "points")  # figures a comparison reads, their scale in the report, its unit
 
 
 # ------------------------------------------------------------------------------- one run's row
-def check_run(base: str, overrides: List[str]) -> None:
-    """A grid point's config, read when the study file is (a bad value is one line before any run trains)."""
+def check_config(base: str, overrides: List[str]) -> None:
+    """A classification grid point's config (a LoopVAE base is one line saying task: vae)."""
     cfg = load_config(base, overrides)
     if isinstance(model_config(cfg.model.name), LoopVAEConfig):  # a VAE base in a classification study
         raise UserError(f"model {cfg.model.name} is a LoopVAE tokenizer, not a classifier: a study of it says "
                         "task: vae")
-
-
-def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
-        threads: Optional[int] = None) -> Dict[str, Any]:
-    """Train (or resume) the run, then run the evaluators of ``eval_spec`` ({name: options},
-    :data:`recurvit.tasks.classify.evaluators.EVALUATORS`); the row also holds the run's cost and curves."""
-    return evaluate_trained(out, eval_spec, train_run(base, overrides, out, nproc, threads))
 
 
 def train_run(base: str, overrides: List[str], out: Path, nproc: int = 1, threads: Optional[int] = None
@@ -102,47 +87,23 @@ def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, An
 
 
 # ------------------------------------------------------------------------------------ the report
-def complete_csv_row(r: Dict[str, Any]) -> None:
-    """A row read back from results.csv: what it implies but does not store (whether its core shares its
-    blocks; the core-option variants, stored flat as variant_<name> columns)."""
-    if r.get("core") and "shares_blocks" not in r:
-        r["shares_blocks"] = core_class(r["core"]).shares_blocks
-    if "variants" not in r:  # the core-option variants' accuracies, from their variant_<name> columns
-        got = {k[len("variant_"):]: v for k, v in r.items() if k.startswith("variant_")}
-        if got:
-            r["variants"] = {name: ({"acc_T": v} if v is not None else None) for name, v in got.items()}
-
-
-def fill_cell(c: Dict[str, Any], rs: List[Dict[str, Any]]) -> None:
-    """The cell's figures beyond the per-key statistics: the mean horizon curve and the core-option variants."""
-    K = min(len(r.get("horizon_accuracy") or []) for r in rs)
-    c["horizon"] = [sum(r["horizon_accuracy"][i] for r in rs) / len(rs) for i in range(K)]
-    names = sorted({k for r in rs for k, v in (r.get("variants") or {}).items() if v})
-    got = [{k: ((r.get("variants") or {}).get(k) or {}).get("acc_T") for k in names} for r in rs]
-    c["variants"] = {k: mean_ci([g[k] for g in got]) for k in names}
-    c["variant_changes"] = {k: mean_ci([None if g[k] is None or r.get("acc_T") is None else g[k] - r["acc_T"]
-                                        for g, r in zip(got, rs)]) for k in names}
-
-
-def prepare_rows(rs: List[Dict[str, Any]]) -> None:
-    for r in rs:  # beyond-horizon means exist only for runs that reached 4T
-        if r.get("acc_4T") is None:
-            r["acc_mean_T_4T"] = None
-
-
-def chance(rows: List[Dict[str, Any]]) -> float:
+def chance_of(rows: List[Dict[str, Any]]) -> float:
+    """The chance level the rows record (nan when none does)."""
     return (rows[0].get("chance") or math.nan) if rows else math.nan
 
 
 def intro(rows: List[Dict[str, Any]], seeds: list) -> List[str]:
-    level = f"chance level {100 * chance(rows):.1f}%" if not math.isnan(chance(rows)) else "chance level not recorded"
+    """The report's first sentence: runs, seeds, units, chance level, what acc@kT and the plateau column are."""
+    chance = chance_of(rows)
+    level = f"chance level {100 * chance:.1f}%" if not math.isnan(chance) else "chance level not recorded"
     return [f"{len(rows)} runs; seeds {seeds}; accuracy in % as mean ± half-width of the 95% t-interval over "
             f"seeds; {level}. T = trained steps; acc@kT = test accuracy when run for "
             "k x T steps (ODE: k x the trained time span); mean T..4T = mean accuracy over every step from T "
             f"to 4T; {plateau_text(rows)}", ""]
 
 
-def tables(cs: List[Dict[str, Any]], study) -> List[str]:
+def accuracy_tables(cs: List[Dict[str, Any]], study) -> List[str]:
+    """Accuracy per cell at and beyond T with cost and plateau, the core-option variants, the frontier."""
     axes = study.cell_axes()
     acc = [k for k in ACC_KEYS if any(not math.isnan(c[k]["mean"]) for c in cs)]
     model = [] if "model" in axes else ["model"]  # an axis named model is that column already
@@ -200,34 +161,93 @@ def _frontier_table(cs: List[Dict[str, Any]]) -> List[str]:
     return lines + table(["setting", "acc@T", "mean T..4T", "acc@16T", "T vs mean T..4T", "T vs 16T"], body) + [""]
 
 
-def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
-    made = plots.cost_fronts(cs, out_dir, study.name)
-    # the per-step and per-epoch curves are in the runs, not in results.csv: a report made from results.csv
-    # alone (run directories gone) keeps the plots drawn from them beside it
-    if any(len(c["horizon"]) > 1 for c in cs):
-        made.append(plots.horizon(cs, out_dir, study.name, chance))
-    elif (out_dir / plots.HORIZON[1]).is_file():
-        made.append(plots.HORIZON)
-    if any(c["curve"] for c in cs):
-        made.append(plots.epochs(cs, out_dir, study.name))
-    elif (out_dir / plots.EPOCHS[1]).is_file():
-        made.append(plots.EPOCHS)
-    if study.frontier:
-        made.append(plots.frontier(cs, out_dir, study.name, chance))
-    axes = study.cell_axes()
-    exits = [(c, r) for c in cs for r in c["rows"][:1] if isinstance(r.get("exit"), dict)]
-    if exits:  # anytime exit: accuracy against mean steps, every criterion's sweep, the first seed of each cell
+class ClassifyView(View):
+    """Classification runs: train, then the evaluators of the study file's ``eval:`` (the horizon sweep at least);
+    cells with accuracy at and beyond the trained depth, comparisons in points, cost fronts and horizon plots."""
 
-        plot([{"title": f"{', '.join(str(c[a]) for a in axes)} (seed {r.get('seed')}), chosen: {r['exit']['chosen']}",
-               "T": r["steps"], "fixed": next(iter(r["exit"]["per_criterion"].values()))["fixed_accuracy"],
-               "curves": {k: {"rows": e["sweep"], "point": e["test"]} for k, e in r["exit"]["per_criterion"].items()}}
-              for c, r in exits], out_dir / "exit.png")
-        made.append(("anytime exit: test accuracy against mean steps per image", "exit.png"))
-    for a, b in study.compare:  # a comparison made at 3 or more labels of one other axis: its trend
-        found, others = pairs(cs, axes, a, b), [x for x in axes if x != axis_of(cs, axes, a, b)]
-        if len(found) >= 3 and len(others) == 1:
-            points = [(where.strip(" ()"), welch([r.get("acc_T") for r in ca["rows"]],
-                                                 [r.get("acc_T") for r in cb["rows"]])) for ca, cb, where in found]
-            made.append(plots.difference_across(points, out_dir, study.name, f"{a} − {b}", others[0],
-                                                f"{a} − {b}, acc@T (points)"))
-    return made
+    name = "classify"
+    EVALUATORS = EVALUATORS
+    CSV_KEYS = ["model", "core", "runs_as", "embed_dim", "depth", "steps", "seed", "epochs", "params",
+                "params_stored", "flops_forward", "nfe", "chance", *ACC_KEYS, "test_acc_final", "train_seconds",
+                "eval_seconds", "plateau_val", "plateau_test"]
+    STAT_KEYS = ACC_KEYS + ["train_seconds"]
+    SHARED_KEYS = ["model", "core", "runs_as", "shares_blocks", "embed_dim", "depth", "steps", "epochs",
+                   "params_stored", "flops_forward", "nfe", "chance"]
+    CURVE_KEY = "test_acc_curve"
+    CONTRAST = Contrast(ACC_KEYS, 100.0, "points", ACC_HEAD)
+
+    def check_run(self, base: str, overrides: List[str]) -> None:
+        """A grid point's config, read when the study file is (a bad value is one line before any run trains)."""
+        check_config(base, overrides)
+
+    def run(self, base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
+            threads: Optional[int] = None) -> Dict[str, Any]:
+        """Train (or resume) the run, then run the evaluators of ``eval_spec`` ({name: options},
+        :data:`recurvit.tasks.classify.evaluators.EVALUATORS`); the row also holds the run's cost and curves."""
+        return evaluate_trained(out, eval_spec, train_run(base, overrides, out, nproc, threads))
+
+    # -------------------------------------------------------------------------------- the report
+    def complete_row(self, r: Dict[str, Any]) -> None:
+        """A row read back from results.csv: what it implies but does not store (whether its core shares its
+        blocks; the core-option variants, stored flat as variant_<name> columns)."""
+        if r.get("core") and "shares_blocks" not in r:
+            r["shares_blocks"] = core_class(r["core"]).shares_blocks
+        if "variants" not in r:  # the core-option variants' accuracies, from their variant_<name> columns
+            got = {k[len("variant_"):]: v for k, v in r.items() if k.startswith("variant_")}
+            if got:
+                r["variants"] = {name: ({"acc_T": v} if v is not None else None) for name, v in got.items()}
+
+    def fill_cell(self, c: Dict[str, Any], rs: List[Dict[str, Any]]) -> None:
+        """The cell's statistics (the beyond-horizon mean only of runs that reached 4T), its mean horizon curve
+        and its core-option variants."""
+        for r in rs:
+            if r.get("acc_4T") is None:
+                r["acc_mean_T_4T"] = None
+        super().fill_cell(c, rs)
+        K = min(len(r.get("horizon_accuracy") or []) for r in rs)
+        c["horizon"] = [sum(r["horizon_accuracy"][i] for r in rs) / len(rs) for i in range(K)]
+        names = sorted({k for r in rs for k, v in (r.get("variants") or {}).items() if v})
+        got = [{k: ((r.get("variants") or {}).get(k) or {}).get("acc_T") for k in names} for r in rs]
+        c["variants"] = {k: mean_ci([g[k] for g in got]) for k in names}
+        c["variant_changes"] = {k: mean_ci([None if g[k] is None or r.get("acc_T") is None else g[k] - r["acc_T"]
+                                            for g, r in zip(got, rs)]) for k in names}
+
+    def tables(self, rows: List[Dict[str, Any]], cs: List[Dict[str, Any]], study, seeds: list) -> List[str]:
+        """What the figures are (chance level, horizon, plateau), the accuracy table, the core-option variants
+        and, when the study asks, the accuracy-robustness frontier."""
+        return intro(rows, seeds) + accuracy_tables(cs, study)
+
+    def plots(self, cs, study, out_dir: Path) -> List[Tuple[str, str]]:
+        """Cost fronts, the horizon and per-epoch curves, the frontier, anytime exit and comparison trends."""
+        chance = chance_of([r for c in cs for r in c["rows"]])
+        made = plots.cost_fronts(cs, out_dir, study.name)
+        # the per-step and per-epoch curves are in the runs, not in results.csv: a report made from
+        # results.csv alone (run directories gone) keeps the plots drawn from them beside it
+        if any(len(c["horizon"]) > 1 for c in cs):
+            made.append(plots.horizon(cs, out_dir, study.name, chance))
+        elif (out_dir / plots.HORIZON[1]).is_file():
+            made.append(plots.HORIZON)
+        if any(c["curve"] for c in cs):
+            made.append(plots.epochs(cs, out_dir, study.name))
+        elif (out_dir / plots.EPOCHS[1]).is_file():
+            made.append(plots.EPOCHS)
+        if study.frontier:
+            made.append(plots.frontier(cs, out_dir, study.name, chance))
+        axes = study.cell_axes()
+        exits = [(c, r) for c in cs for r in c["rows"][:1] if isinstance(r.get("exit"), dict)]
+        if exits:  # anytime exit: accuracy against mean steps, every criterion's sweep, the first seed of each cell
+            plot([{"title": f"{', '.join(str(c[a]) for a in axes)} (seed {r.get('seed')}), "
+                            f"chosen: {r['exit']['chosen']}",
+                   "T": r["steps"], "fixed": next(iter(r["exit"]["per_criterion"].values()))["fixed_accuracy"],
+                   "curves": {k: {"rows": e["sweep"], "point": e["test"]}
+                              for k, e in r["exit"]["per_criterion"].items()}}
+                  for c, r in exits], out_dir / "exit.png")
+            made.append(("anytime exit: test accuracy against mean steps per image", "exit.png"))
+        for a, b in study.compare:  # a comparison made at 3 or more labels of one other axis: its trend
+            found, others = pairs(cs, axes, a, b), [x for x in axes if x != axis_of(cs, axes, a, b)]
+            if len(found) >= 3 and len(others) == 1:
+                points = [(where.strip(" ()"), welch([r.get("acc_T") for r in ca["rows"]],
+                                                     [r.get("acc_T") for r in cb["rows"]])) for ca, cb, where in found]
+                made.append(plots.difference_across(points, out_dir, study.name, f"{a} − {b}", others[0],
+                                                    f"{a} − {b}, acc@T (points)"))
+        return made

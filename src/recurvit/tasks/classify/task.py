@@ -17,7 +17,7 @@ import torch.nn as nn
 from tqdm.auto import tqdm
 
 from ...analysis.budget import check_param_memory, check_train_memory, first_batches_guard
-from ...config import RunConfig, as_dict, to_yaml
+from ...config import RunConfig, as_dict
 from ...data import build_batch_transform
 from ...data.datasets import dense_target, native_size
 from ...errors import UserError
@@ -110,12 +110,6 @@ class ClassifyTask(Task):
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         self.forward = None  # the DDP-wrapped forward under several processes
-
-    def config_dict(self):
-        return as_dict(self.cfg)
-
-    def config_yaml(self):
-        return to_yaml(self.cfg)
 
     def checkpoint_config(self, state):
         return as_dict(ckpt_io.config_from_checkpoint(state))

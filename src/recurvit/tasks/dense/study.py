@@ -31,34 +31,19 @@ from ...run.rundir import RunDir
 from ...study.evaluators import Evaluated, evaluate_run
 from ...study.grouping import table
 from ...study.plateau import plateau_change, plateau_per_seed, plateau_summary
+from ...study.registry import Contrast, View
 from ...study.stats import fmt_ci, mean_ci, paired_differences, welch
-from ..classify.study import check_run, train_run  # noqa: F401  (check_run: a maze run's config is a run config too)
-from .evaluators import EVALUATORS, RUN_COLUMNS, Mazes, size_columns  # noqa: F401  (EVALUATORS: the study's table)
+from ..classify.study import check_config, train_run
+from .evaluators import EVALUATORS, RUN_COLUMNS, Mazes, size_columns
 from .plots import maze_picture, solved_panels
 
-name = "dense"
-CSV_KEYS = ["model", "core", "runs_as", "width", "steps", "seed", "epochs", "params", "params_stored",
-            "flops_forward", "nfe", *RUN_COLUMNS, "train_seconds", "eval_seconds", "plateau_val"]
-STAT_KEYS = ["val_solved", "val_best_iter", "train_seconds", "eval_seconds"]
-SHARED_KEYS = ["model", "core", "runs_as", "width", "steps", "epochs", "params_stored", "flops_forward", "nfe",
-               "max_iters"]
-CURVE_KEY = "val_acc_curve"  # validation solved a epoch (the figure best.pt is chosen on)
-CURVE_WORD = "solved"  # what the every-run table and plot of a registered study read: validation solved
 _SIZES = range(3, 129, 2)
-CONTRAST = ([f"solved_{s}{k}" for s in _SIZES for k in ("", "_10T")], 100.0, "points")  # report.compare
-ACC_HEAD = {f"solved_{s}{k}": f"solved {s}x{s} @{'10T' if k else 'T'}" for s in _SIZES for k in ("", "_10T")}
 _SIZE = re.compile(r"^solved_(\d+)$")
 ANCHOR_PREFIX = "dt_net"  # DeepThinking's recurrent conv nets: the anchor every other cell is measured against
 GAP_FIGURES = (("at T", "solved_{s}"), ("stable rule", "rule_stable_solved_{s}"), ("at 10T", "solved_{s}_10T"))
 
 
 # ------------------------------------------------------------------------------- one run's row
-def run(base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
-        threads: Optional[int] = None) -> Dict[str, Any]:
-    """Train (or resume) the maze run, then sweep it (:data:`EVALUATORS`); the row also holds its cost."""
-    return evaluate_trained(out, eval_spec, train_run(base, overrides, out, nproc, threads))
-
-
 def evaluate_trained(out: Path, eval_spec: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
     """The result row of a trained maze run (its last.pt: best.pt is chosen on validation at T only)."""
     t0 = time.perf_counter()
@@ -90,38 +75,13 @@ def sizes_of(rows: List[Dict[str, Any]]) -> List[int]:
     return sorted({int(m.group(1)) for r in rows for k in r for m in [_SIZE.match(k)] if m})
 
 
-def csv_columns(rows: List[Dict[str, Any]]) -> List[str]:
-    """results.csv's per-size columns (after CSV_KEYS): every size's, in a fixed order, that some row has."""
+def per_size_columns(rows: List[Dict[str, Any]]) -> List[str]:
+    """The per-size columns (after the view's CSV_KEYS): every size's, in a fixed order, that some row has."""
     return [c for c in size_columns(sizes_of(rows)) if any(r.get(c) is not None for r in rows)]
 
 
-def complete_csv_row(r: Dict[str, Any]) -> None:
-    return None
-
-
-def prepare_rows(rs: List[Dict[str, Any]]) -> None:
-    return None
-
-
-def fill_cell(c: Dict[str, Any], rs: List[Dict[str, Any]]) -> None:
-    """Every per-size column's mean and 95% interval, and the mean sweep curves (from result.json)."""
-    for col in csv_columns(rs):
-        c[col] = mean_ci([r.get(col) for r in rs])
-    c["sizes"] = sizes_of(rs)
-    sweeps = [r["maze_sweeps"] for r in rs if isinstance(r.get("maze_sweeps"), dict)]
-    c["sweeps"] = {}
-    for s in (sorted({int(k) for sw in sweeps for k in sw}) if sweeps else []):
-        curves = [sw[str(s)]["solved"] for sw in sweeps if str(s) in sw]
-        K = min(len(x) for x in curves)
-        c["sweeps"][s] = {"step": list(range(1, K + 1)), "solved": [sum(x[i] for x in curves) / len(curves)
-                                                                     for i in range(K)]}
-
-
-def chance(rows: List[Dict[str, Any]]) -> float:
-    return math.nan
-
-
 def intro(rows: List[Dict[str, Any]], seeds: list) -> List[str]:
+    """The report's first sentence: runs, seeds, T, what solved, the chosen iteration and the plateau are."""
     T = sorted({r.get("steps") for r in rows if r.get("steps")})
     return [f"{len(rows)} runs; seeds {seeds}; T = trained iterations ({', '.join(map(str, T)) or '-'}). Solved = "
             "the share of test mazes with every pixel right, in % as mean ± half-width of the 95% t-interval over "
@@ -130,7 +90,9 @@ def intro(rows: List[Dict[str, Any]], seeds: list) -> List[str]:
             "the change of each seed's validation solved over its last 20% of epochs (a plateau is near 0).", ""]
 
 
-def tables(cs: List[Dict[str, Any]], study) -> List[str]:
+def maze_tables(cs: List[Dict[str, Any]], study) -> List[str]:
+    """Solved per size at T and 10T, the largest size's rules and slope, the stopping rules at every size, the
+    gaps to the conv anchor and the state's drift past T."""
     axes = study.cell_axes()
     sizes = sorted({s for c in cs for s in c["sizes"]})
     ten = any(f"solved_{s}_10T" in c for c in cs for s in sizes)
@@ -279,15 +241,65 @@ def anchor_gaps(cs: List[Dict[str, Any]]) -> List[str]:
         table(["figure", "cell"] + [f"{s}x{s}" for s in sizes], body) + [""]
 
 
-def report_plots(cs, study, out_dir: Path, chance: float) -> List[Tuple[str, str]]:
-    made = []
-    if any(c["sweeps"] for c in cs):
-        made.append(solved_panels(cs, study, out_dir))
-    elif (out_dir / "solved_vs_iterations.png").is_file():  # the report rebuilt from results.csv alone
-        made.append(("mazes solved against test-time iterations", "solved_vs_iterations.png"))
-    pic = maze_picture(cs, out_dir)
-    if pic:
-        made.append(pic)
-    elif (out_dir / "maze_solved.png").is_file():
-        made.append(("one large maze: input, prediction, target", "maze_solved.png"))
-    return made
+class DenseView(View):
+    """Maze runs: train, then one sweep of sizes x test-time iterations (:class:`.evaluators.Mazes`); cells with
+    solved per size at T and 10T, comparisons in points, solved-against-iterations plots."""
+
+    name = "dense"
+    EVALUATORS = EVALUATORS
+    CSV_KEYS = ["model", "core", "runs_as", "width", "steps", "seed", "epochs", "params", "params_stored",
+                "flops_forward", "nfe", *RUN_COLUMNS, "train_seconds", "eval_seconds", "plateau_val"]
+    STAT_KEYS = ["val_solved", "val_best_iter", "train_seconds", "eval_seconds"]
+    SHARED_KEYS = ["model", "core", "runs_as", "width", "steps", "epochs", "params_stored", "flops_forward", "nfe",
+                   "max_iters"]
+    CURVE_KEY = "val_acc_curve"  # validation solved a epoch (the figure best.pt is chosen on)
+    CURVE_WORD = "solved"  # what the every-run table and plot of a registered study read: validation solved
+    CONTRAST = Contrast([f"solved_{s}{k}" for s in _SIZES for k in ("", "_10T")], 100.0, "points",
+                        {f"solved_{s}{k}": f"solved {s}x{s} @{'10T' if k else 'T'}" for s in _SIZES
+                         for k in ("", "_10T")})
+
+    def check_run(self, base: str, overrides: List[str]) -> None:
+        """A maze run's config is a run config too: read as classification's is."""
+        check_config(base, overrides)
+
+    def run(self, base: str, overrides: List[str], out: Path, eval_spec: Dict[str, Any], nproc: int = 1,
+            threads: Optional[int] = None) -> Dict[str, Any]:
+        """Train (or resume) the maze run, then sweep it (:data:`EVALUATORS`); the row also holds its cost."""
+        return evaluate_trained(out, eval_spec, train_run(base, overrides, out, nproc, threads))
+
+    def csv_columns(self, rows: List[Dict[str, Any]]) -> List[str]:
+        """CSV_KEYS, then every size's columns that some row has."""
+        return list(self.CSV_KEYS) + per_size_columns(rows)
+
+    def fill_cell(self, c: Dict[str, Any], rs: List[Dict[str, Any]]) -> None:
+        """The statistics, then every per-size column's mean and 95% interval and the mean sweep curves (from
+        result.json)."""
+        super().fill_cell(c, rs)
+        for col in per_size_columns(rs):
+            c[col] = mean_ci([r.get(col) for r in rs])
+        c["sizes"] = sizes_of(rs)
+        sweeps = [r["maze_sweeps"] for r in rs if isinstance(r.get("maze_sweeps"), dict)]
+        c["sweeps"] = {}
+        for s in (sorted({int(k) for sw in sweeps for k in sw}) if sweeps else []):
+            curves = [sw[str(s)]["solved"] for sw in sweeps if str(s) in sw]
+            K = min(len(x) for x in curves)
+            c["sweeps"][s] = {"step": list(range(1, K + 1)), "solved": [sum(x[i] for x in curves) / len(curves)
+                                                                         for i in range(K)]}
+
+    def tables(self, rows: List[Dict[str, Any]], cs: List[Dict[str, Any]], study, seeds: list) -> List[str]:
+        return intro(rows, seeds) + maze_tables(cs, study)
+
+    def plots(self, cs, study, out_dir: Path) -> List[Tuple[str, str]]:
+        """Solved against test-time iterations per size, and one large maze solved (kept when only results.csv
+        is at hand)."""
+        made = []
+        if any(c["sweeps"] for c in cs):
+            made.append(solved_panels(cs, study, out_dir))
+        elif (out_dir / "solved_vs_iterations.png").is_file():  # the report rebuilt from results.csv alone
+            made.append(("mazes solved against test-time iterations", "solved_vs_iterations.png"))
+        pic = maze_picture(cs, out_dir)
+        if pic:
+            made.append(pic)
+        elif (out_dir / "maze_solved.png").is_file():
+            made.append(("one large maze: input, prediction, target", "maze_solved.png"))
+        return made

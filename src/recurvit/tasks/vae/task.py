@@ -29,7 +29,7 @@ from ...train.loop import Step
 from ...train.optim import build_optimizer, build_scheduler
 from ...train.tensorboard import require_tensorboard
 from ..base import Task
-from .config import VAERunConfig, as_dict, config_from_dict, to_yaml
+from .config import VAERunConfig, as_dict, config_from_dict
 from .data import build_vae_datasets, mean_image
 from .evaluate import TASK, build_vae_model, evaluate_vae, make_test_loader, mean_image_baseline, read_vae
 from .losses import PatchDiscriminator, d_hinge_loss, g_hinge_loss, kl_loss, recon_loss
@@ -62,12 +62,6 @@ class VAETask(Task):
 
     name = TASK
     reader = ckpt_io.Reader(read_vae, use="recurvit vae eval")  # not a classifier: eval / predict / export refuse it
-
-    def config_dict(self):
-        return as_dict(self.cfg)
-
-    def config_yaml(self):
-        return to_yaml(self.cfg)
 
     def checkpoint_config(self, state):
         return as_dict(config_from_dict(state["config"]))
