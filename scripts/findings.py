@@ -21,7 +21,6 @@ from typing import Dict, List, Optional, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-import recurvit.tasks  # noqa: E402,F401  (registers the tasks the study files name: study/ imports none)
 from recurvit.errors import UserError  # noqa: E402
 from recurvit.study.findings import collect  # noqa: E402
 from recurvit.study.findings_md import headline, render, summary_page  # noqa: E402

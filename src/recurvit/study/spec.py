@@ -135,7 +135,7 @@ def load_study(path: str | Path) -> Study:
         raise UserError(f"study file {p}: its grid has {size:,} runs (more than {MAX_RUNS:,}); split it or "
                         "shorten an axis")
     rep = keys.report or ReportKeys()
-    evaluators = parse_eval(keys.eval or {}, getattr(view, "EVALUATORS", {}), f"study file {p}",
+    evaluators = parse_eval(keys.eval or {}, view.EVALUATORS, f"study file {p}",
                             {axis: [lbl for lbl, _ in variants] for axis, variants in axes})
     pairs = rep.compare or []
     if not isinstance(pairs, list) or any(not isinstance(pair, list) or len(pair) != 2 for pair in pairs):
@@ -154,10 +154,9 @@ def load_study(path: str | Path) -> Study:
         raise UserError(f"study file {p}: grid has no axis; give at least one (e.g. train.seed: [0, 1, 2])")
     study.registration = _registration(keys.registration, p, axes)
     study.runs = expand(study) if source is None else _expand_from(study, source)
-    check_run = getattr(view, "check_run", None)
-    for spec in study.runs[:CHECKED_RUNS] if check_run is not None else ():  # a bad value: one line now, not
-        try:                                                                 # a failed run after hours of others
-            check_run(str(spec.base or study.base), spec.overrides)
+    for spec in study.runs[:CHECKED_RUNS]:  # a bad value: one line now, not a failed run after hours of others
+        try:
+            view.check_run(str(spec.base or study.base), spec.overrides)
         except UserError as e:
             raise UserError(f"study file {p}: run {spec.run_id}: {shown(e, 240)}") from None
     study.claims = load_claims(p, {axis: [lbl for lbl, _ in variants] for axis, variants in axes}, study.results)
