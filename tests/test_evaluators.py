@@ -98,13 +98,20 @@ def test_bad_evaluator_entries_are_one_line_errors(tmp_path):
             _study(tmp_path, lines)
 
 
-def test_results_written_before_evaluators_were_named_still_count():
-    old = {"eval": {"max_steps_factor": 64, "variants": {}}}
-    assert recorded(old) == {"horizon": {"max_steps_factor": 64}}
-    assert missing({"horizon": {"max_steps_factor": 64}}, old) == {}
-    assert missing({"horizon": {"max_steps_factor": 64}, "per_step": {"images": 10}}, old) == {
+def test_a_result_records_its_evaluators_and_an_earlier_record_is_one_line(tmp_path):
+    """A result records the evaluators it ran as parse_eval gives them; one of an earlier recurvit
+    ({max_steps_factor, variants}, or none) is refused in one line naming the script that rewrites it."""
+    from recurvit.study.archive import read_result
+
+    res = {"run_id": "a", "eval": {"horizon": {"max_steps_factor": 64}}}
+    assert recorded(res) == {"horizon": {"max_steps_factor": 64}}
+    assert missing({"horizon": {"max_steps_factor": 64}}, res) == {}
+    assert missing({"horizon": {"max_steps_factor": 64}, "per_step": {"images": 10}}, res) == {
         "per_step": {"images": 10}}
-    assert recorded({}) == {"horizon": {"max_steps_factor": 4}}  # before the eval record existed
+    for old in ({"max_steps_factor": 64, "variants": {}}, None):
+        (tmp_path / "result.json").write_text(json.dumps({"run_id": "a", "eval": old}))
+        with pytest.raises(UserError, match=r"earlier recurvit .*scripts/migrate_results\.py"):
+            read_result(tmp_path / "result.json")
 
 
 def test_a_variant_the_core_does_not_take_is_known_from_the_core():

@@ -186,7 +186,7 @@ def test_a_run_with_several_gpus_trains_in_torchrun_processes(study_file, tmp_pa
     overrides = ["train.device=cpu", "train.epochs=2"]
     train(load_config(base, overrides), run, log=lambda *a: None, stop_after=1)
     first = (run / "metrics.jsonl").read_text().splitlines()[0]
-    res = run_one("classify", base, overrides, str(run), {"max_steps_factor": 1, "variants": {}}, {"regime": "a"},
+    res = run_one("classify", base, overrides, str(run), {"horizon": {"max_steps_factor": 1}}, {"regime": "a"},
                   threads=2, nproc=2)
     assert res["epochs"] == 2 and "acc_T" in res and (run / "result.json").is_file()
     assert [r["epoch"] for r in _rows(run)] == [1, 2]

@@ -220,6 +220,7 @@ def test_a_figure_without_variance_is_compared_exactly():
 
 def test_a_registered_studys_report_shows_every_runs_curve_and_its_last_20_percent(tmp_path):
     from recurvit.study import load_study, write_report
+    from recurvit.study.plateau import plateau_change
 
     (tmp_path / "base.yaml").write_text("model: {name: bvit_tiny}\ndata: {name: digits}\n")
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({
@@ -228,7 +229,8 @@ def test_a_registered_studys_report_shows_every_runs_curve_and_its_last_20_perce
     flat, rising = [0.5 + 0.04 * min(e, 5) for e in range(10)], [0.5 + 0.02 * e for e in range(10)]
     runs = [{"run_id": f"{g}__seed={s}", "regime": g, "train.seed": s, "seed": s, "acc_T": 0.8, "train_seconds": 1.0, "model": "bvit_tiny", "params_stored": 1,
              "flops_forward": 1, "nfe": 1, "steps": 1, "epochs": 10,
-             "val_acc_curve": flat if g == "a" else rising} for g in "ab" for s in (0, 1)]
+             "val_acc_curve": flat if g == "a" else rising,
+             "plateau_val": plateau_change(flat if g == "a" else rising)} for g in "ab" for s in (0, 1)]
     report = write_report(runs, load_study(tmp_path / "s.yaml"), tmp_path / "res").read_text()
     assert (tmp_path / "res" / "every_run.png").is_file() and "![validation accuracy of every run" in report
     assert "| a__seed=0 | 10 | 70.00 | +0.00 | plateau |" in report

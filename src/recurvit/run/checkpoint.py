@@ -25,8 +25,6 @@ from .preprocessing import preprocessing_of, pretrained_cfg
 FORMAT = "recurvit-checkpoint-v1"
 
 
-
-
 def _validated(run_dir: Path) -> bool:
     """Whether the run's best.pt was not chosen on the test split: it held out a validation split, or its
     task writes a best.pt without one (:data:`recurvit.task_table.BEST_WITHOUT_HOLDOUT`)."""
@@ -139,9 +137,15 @@ def load_state(model: nn.Module, state: Dict[str, torch.Tensor], source: str | P
         raise UserError(f"checkpoint {source} does not match its model: {detail[:200]}") from None
 
 
-def task_of(ckpt: Dict[str, Any]) -> str:
-    """The task that wrote a checkpoint (one written before checkpoints named it is a classification's)."""
-    return ckpt.get("task", "classify")
+def task_of(ckpt: Dict[str, Any], source: str | Path = "the checkpoint") -> str:
+    """The task that wrote a checkpoint; one of an earlier recurvit, which named none, is one line naming the
+    script that rewrites it."""
+    task = ckpt.get("task")
+    if task is None:
+        run = Path(source).parent if str(source).endswith(".pt") else "RUN_DIR"
+        raise UserError(f"{source} was written by an earlier recurvit (it names no task); rewrite it in the current "
+                        f"form with `python scripts/migrate_results.py {run}`")
+    return task
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,7 @@ class Reader:
 
 def reader_of(ckpt: Dict[str, Any], source: str | Path) -> Reader:
     """The reader of the task that wrote ``ckpt`` (the task table imports its class on first use)."""
-    task = task_of(ckpt)
+    task = task_of(ckpt, source)
     cls = task_table.task_class(task) if isinstance(task, str) else None
     if cls is None:
         raise UserError(f"{source} is a checkpoint of task '{task}', which has no reader here (tasks: "

@@ -75,7 +75,7 @@ def load(path: str | Path, map_location: Any = "cpu", **overrides) -> Loaded:
         ckpt = ckpt_io.load_checkpoint(source, map_location)
         reader = ckpt_io.reader_of(ckpt, source)
         model, cfg = reader.read(ckpt, source, **overrides)
-        loaded = Loaded(model.eval(), cfg, source, ckpt, ckpt_io.task_of(ckpt), reader.use)
+        loaded = Loaded(model.eval(), cfg, source, ckpt, ckpt_io.task_of(ckpt, source), reader.use)
     loaded.model.to(map_location)
     return loaded
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from ..errors import UserError
 from ..run.atomic import write_atomic
 from .spec import Study
 
@@ -27,10 +28,34 @@ def archive(study: Study, res: Dict[str, Any]) -> None:
     write_atomic(path, json.dumps(res, indent=1))
 
 
+MIGRATE = "python scripts/migrate_results.py"  # rewrites result files of an earlier recurvit in the current form
+
+
 def read_result(f: Path) -> Optional[Dict[str, Any]]:
-    """A result.json, or None when it is not a readable result (a torn write, a hand edit)."""
+    """A result.json, or None when it is not a readable result (a torn write, a hand edit). One written by an
+    earlier recurvit (see :func:`earlier_form`) is one line naming the script that rewrites it."""
     try:
         res = json.loads(f.read_text())
     except (OSError, ValueError):
         return None
-    return res if isinstance(res, dict) and "run_id" in res else None
+    if not isinstance(res, dict) or "run_id" not in res:
+        return None
+    why = earlier_form(res)
+    if why:
+        raise UserError(f"{f} was written by an earlier recurvit ({why}); rewrite it in the current form with "
+                        f"`{MIGRATE} {f.parent}`")
+    return res
+
+
+def earlier_form(res: Dict[str, Any]) -> str:
+    """What marks a run's result as one an earlier recurvit wrote ('' for the current form): no record of its
+    evaluators, the ``{max_steps_factor, variants}`` record, or a per-epoch curve without its plateau figure."""
+    rec = res.get("eval")
+    if not isinstance(rec, dict):
+        return "it records no evaluators"
+    if "max_steps_factor" in rec:
+        return "its evaluators recorded as {max_steps_factor, variants}"
+    for curve, key in (("test_acc_curve", "plateau_test"), ("val_acc_curve", "plateau_val")):
+        if curve in res and key not in res:
+            return f"{curve} without {key}"
+    return ""

@@ -29,7 +29,7 @@ from ..errors import UserError
 
 ONLY = "only"  # the option every evaluator takes: the grid labels of the runs it applies to
 TAG = "@"  # exit@beyond: a second instance of an evaluator, its columns tagged "@beyond"
-LEGACY = {"max_steps_factor": "horizon"}  # an eval key of older study files -> (evaluator, option of that name)
+SHORTHAND = {"max_steps_factor": "horizon"}  # a study file's eval key -> the evaluator whose option it is
 
 
 @dataclass
@@ -84,8 +84,8 @@ def parse_eval(raw: Mapping[str, Any], table: Mapping[str, Evaluator], where: st
     The task's ``default`` evaluators run even when not named (for classification the horizon sweep)."""
     given: Dict[str, Any] = {}
     for key, value in (raw or {}).items():
-        if key in LEGACY and LEGACY[key] in table:  # max_steps_factor: 16  ==  horizon: {max_steps_factor: 16}
-            given.setdefault(LEGACY[key], {})[key] = value
+        if key in SHORTHAND and SHORTHAND[key] in table:  # max_steps_factor: 16  ==  horizon: {max_steps_factor: 16}
+            given.setdefault(SHORTHAND[key], {})[key] = value
             continue
         base, tag, label = str(key).partition(TAG)
         if base not in table:
@@ -150,17 +150,8 @@ def for_run(spec: Mapping[str, Dict[str, Any]], labels: Mapping[str, str]) -> Di
 
 
 def recorded(res: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
-    """The evaluators a stored result was evaluated with, in the form :func:`parse_eval` gives (results
-    written before evaluators were named record ``{max_steps_factor, variants}``)."""
-    rec = res.get("eval")
-    if rec is None:
-        rec = {"max_steps_factor": res.get("max_steps_factor", 4), "variants": {}}
-    rec = dict(rec)
-    if "max_steps_factor" in rec:
-        rec["horizon"] = {"max_steps_factor": rec.pop("max_steps_factor")}
-    if not rec.get("variants"):
-        rec.pop("variants", None)
-    return rec
+    """The evaluators a stored result was evaluated with, in the form :func:`parse_eval` gives."""
+    return dict(res.get("eval") or {})
 
 
 def missing(asked: Mapping[str, Dict[str, Any]], res: Optional[Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:

@@ -26,7 +26,6 @@ from ..errors import UserError
 from ..run import lock
 from ..run.atomic import write_atomic
 from ..run.progress import show_progress
-from ..run.rundir import RunDir
 from .archive import archive, archived, read_result
 from .evaluators import missing, recorded
 from .registry import import_registrants, registrants, view_of
@@ -55,7 +54,6 @@ def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dic
     (out_p / "error.txt").unlink(missing_ok=True)  # of an earlier, failed attempt
     t0 = time.perf_counter()
     import_registrants(imports)  # a fresh process (a spawned worker, a cluster job): tasks added at run time
-    eval_spec = recorded({"eval": eval_spec})  # also the {max_steps_factor, variants} form of older callers
     res = view_of(task).run(base, overrides, out_p, eval_spec, nproc=nproc, threads=threads)
     record = eval_spec
     if previous is not None:
@@ -93,7 +91,7 @@ def run_one_safe(kw: Dict[str, Any]) -> Dict[str, Any]:
     try:
         res = read_result(out / "result.json") if (out / "result.json").is_file() else None
         if res is not None and res.get("overrides") == kw["overrides"] and not missing(kw["eval_spec"], res):
-            return _with_training_cost(out, res)  # finished by another worker in the meantime
+            return res  # finished by another worker in the meantime
         return _run_one_reported(kw)
     finally:
         lock.release(fd)
@@ -128,7 +126,6 @@ def _stored(rd: Path, study: Study, overrides: List[str]) -> Optional[Dict[str, 
     res = read_result(f)
     if res is None:
         return None
-    res = _with_training_cost(rd, res)
     if "overrides" in res and res["overrides"] != overrides:
         raise UserError(f"run {rd} was made with other settings than the study now asks for "
                         f"({res['overrides']} vs {overrides}); move it away or give the variant another name")
@@ -245,18 +242,9 @@ def collect(out: Path, study: Study) -> List[Dict[str, Any]]:
             if path is None or not path.is_file():
                 continue
             res = read_result(path)
-            rows.append(_with_training_cost(f.parent, res) if res is not None else
+            rows.append(res if res is not None else
                         {"run_id": spec.run_id, **spec.labels, "error": f"{path} is not a readable result; "
                          "run the study again to evaluate the run anew"})
             break
     return rows
 
-
-def _with_training_cost(rd: Path, res: Dict[str, Any]) -> Dict[str, Any]:
-    """A classification result without its training time (written by an older runner, which lost it
-    when it re-evaluated a run whose last.pt kept no metrics): the time logged with the last epoch."""
-    if "acc_T" not in res or res.get("train_seconds") is not None or not (rd / "metrics.jsonl").is_file():
-        return res
-
-    logged = RunDir(rd, created=False, owner=False).read_metrics()
-    return {**res, "train_seconds": logged[-1].get("train_seconds")} if logged else res
