@@ -83,7 +83,7 @@ def run_state(task, epoch: int) -> Dict[str, Any]:
 
 
 def check_task(state: Dict[str, Any], task, out: Path) -> None:
-    """A resume continues a run of the same task (checkpoints without a task key are classification's)."""
+    """A resume continues a run of the same task (a checkpoint that names none is refused by ``task_of``)."""
     found = ckpt_io.task_of(state)
     if found != task.name:
         raise UserError(f"cannot resume {out}: it is a {found} run, not a {task.name} run "
@@ -108,7 +108,7 @@ def _fit(task, run: RunDir, resume: bool, log, stop_after: Optional[int], env: d
         task.sched.load_state_dict(state["scheduler"])
         follow_config(task.opt, task.sched, tc, task.steps_per_epoch)
         start_epoch = state["epoch"]
-        best = state.get("best_score", state.get("best_acc", -1.0))
+        best = state["best_score"]
         elapsed, cpu = state.get("train_seconds", 0.0), state.get("train_cpu_seconds", 0.0)
         _restore_rng(state, env, tc.seed)
         task.restore(state, env)
@@ -123,8 +123,6 @@ def _fit(task, run: RunDir, resume: bool, log, stop_after: Optional[int], env: d
     log(task.header(env, device))
 
     metrics: Dict[str, Any] = (state or {}).get("metrics") or {}
-    if state is not None and not metrics:  # a checkpoint from before last.pt kept its metrics: the logged line
-        metrics = next(iter(run.read_metrics()[-1:]), {})
     for epoch in range(start_epoch, tc.epochs):
         task.start_epoch(epoch)
         c0 = time.process_time()
