@@ -8,7 +8,8 @@ Three figures, each from the command line in subprocesses (one CPU thread each):
 - kills: ``kill -9`` at a random moment of a training (train, finetune, vae train, a study's main
   process, one study worker, the ``train --nproc 2`` launcher) or of ``export --format hf``, then the documented way on
   (``--resume`` or the same study command); survived = the per-epoch metrics (timings aside)
-  equal those of an uninterrupted run of the same command;
+  equal those of an uninterrupted run of the same command; a fused step-program export killed, then run again:
+  survived = a folder that loads and no scratch folder left beside it;
 - malicious payloads, each a file (or an argument) someone else could hand a user, in a fresh copy of a
   trained run: pickles whose unpickling runs code (torch.save, a bare pickle, a real checkpoint with its
   data.pkl swapped) in every checkpoint slot of every run kind for every command that reads it, in the
@@ -22,7 +23,9 @@ Three figures, each from the command line in subprocesses (one CPU thread each):
   lead outside the folder. Executed = the payload's marker file exists afterwards, or anything outside the
   folder it came in was written;
 - bad inputs: mistakes a user makes on the command line (issue 39's among them), step-program folders mixed
-  from two runs or without fingerprints, study bases that are no config (their content must not be echoed);
+  from two runs or without fingerprints, study bases that are no config (their content must not be echoed),
+  hf exports whose config.json lies, an export's OUT a symbolic link, a full disk in the middle of the files
+  horizon and exit write (those of the run before must all be kept, the line must name them all);
   clear = exit status 2 with one line on stderr (and none of the content a case says must not appear).
 """
 from __future__ import annotations
@@ -711,18 +714,20 @@ def bad_input_trials(tmp: Path, trained: Path) -> list:
         ["vae"], ["study", tmp / "nosuch.yaml"], ["study", tmp / "study-bad.yaml"], ["study", tmp / "study-escape.yaml"],
         ["study", tmp / "study-typo.yaml"], ["flops", "nosuch"], ["flops", "bvit_tiny", "depth=3"], ["match", "nosuch"],
         ["nosuch-command"], ["train", "--nproc", "0"], ["train", "train.batch_size=127", "--nproc", "2"],
-    ] + issue39_cases(tmp, trained) + study_base_cases(tmp)  # the last: (argv, text stderr must not echo)
-    out = []
+    ] + issue39_cases(tmp, trained) + study_base_cases(tmp) + lying_export_cases(tmp, trained)
+    out = []  # a case is argv, or (argv, text stderr must not echo)
 
-    def record(args, r, hidden=None):
+    def record(args, r, hidden=None, kept=True):
         lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
-        clear = r.returncode == 2 and len(lines) == 1 and not (hidden and hidden in r.stderr)
+        clear = r.returncode == 2 and len(lines) == 1 and not (hidden and hidden in r.stderr) and kept
         out.append({"args": args.replace(str(tmp), "TMP"), "exit": r.returncode, "stderr_lines": len(lines),
                     "clear": clear, "message": (lines[-1] if lines else "")[:200].replace(str(tmp), "TMP")})
 
     for args in cases:
         args, hidden = args if isinstance(args, tuple) else (args, None)
         record(" ".join(map(str, args)), cli(*args, timeout=300), hidden)
+    for label, args, r, kept in disk_full_sets(tmp, trained):  # the old set kept whole, the set named
+        record(f"{' '.join(map(str, args))}   ({label})", r, kept=kept)
     # step-program folders through the Python API (scripts/probe_steps.py): a program of another run, names
     # a program may not have, a folder without fingerprints
     other = tmp / "other-run"  # another run of the same architecture
@@ -790,6 +795,89 @@ def issue39_cases(tmp: Path, trained: Path) -> list:
     ]
 
 
+def lying_export_cases(tmp: Path, trained: Path) -> list:
+    """An hf export whose config.json lies (an unknown data set, a zero std, model_args a string, a record or
+    model_args of another image size or channel count) read by predict and eval; an export whose OUT is a
+    symbolic link (to an empty folder, to a file, to nothing); model values no run can train on (a NaN,
+    infinite or negative LayerScale init, a NaN dropout)."""
+    from PIL import Image
+
+    exported = tmp / "exported-57"
+    r = cli("export", trained, "--format", "hf", "--out", exported)
+    if r.returncode != 0:
+        raise SystemExit(r.stderr)
+    img = tmp / "img-57.png"
+    Image.new("L", (8, 8), 3).save(img)
+    lies = {"data.name nosuchdata": lambda c: c["recurvit"]["data"].update(name="nosuchdata"),
+            "data.std [0]": lambda c: c["recurvit"]["data"].update(std=[0]),
+            "data.in_chans 3": lambda c: c["recurvit"]["data"].update(in_chans=3),
+            "data.img_size 16": lambda c: c["recurvit"]["data"].update(img_size=16),
+            "model_args a string": lambda c: c.update(model_args="bvit"),
+            "model_args.in_chans 3": lambda c: c["model_args"].update(in_chans=3),
+            "model_args.img_size 16": lambda c: c["model_args"].update(img_size=[16, 16])}
+    cases = []
+    for i, (lie, edit) in enumerate(lies.items()):
+        folder = tmp / f"exported-lie-{i}"
+        shutil.copytree(exported, folder)
+        cfg = json.loads((folder / "config.json").read_text())
+        edit(cfg)
+        (folder / "config.json").write_text(json.dumps(cfg))
+        cases.append(["predict", folder, img])
+        if lie != "data.img_size 16":  # eval reads the data set at the model's own size: a correct answer
+            cases.append(["eval", folder])
+    (tmp / "empty-57").mkdir()
+    (tmp / "file-57").write_text("x\n")
+    links = {"link-to-empty": tmp / "empty-57", "link-to-file": tmp / "file-57", "link-to-nothing": tmp / "nothing"}
+    for name, target in links.items():
+        (tmp / name).symlink_to(target)
+    t = [*TINY, "train.epochs=1", "--out", tmp / "never-57"]
+    return cases + [
+        *[["export", trained, "--format", f, "--out", tmp / name] for f in ("hf", "timm") for name in links],
+        ["export", trained, "--format", "torch-export", "--steps-program", "--out", tmp / "link-to-empty"],
+        ["train", "model.init_values=nan", *t], ["train", "model.init_values=inf", *t],
+        ["train", "model.init_values=-1", *t], ["train", "model.drop_rate=nan", *t],
+    ]
+
+
+FULL_DISK = """import errno
+import recurvit.run.atomic as atomic
+_write, _calls = atomic.atomic_write, []
+def _no_space(f):
+    raise OSError(errno.ENOSPC, "No space left on device")
+def _full(path, write, needed=None):  # the second file of the command finds the disk full as it is written
+    _calls.append(path)
+    return _write(path, _no_space if len(_calls) == 2 else write, needed)
+atomic.atomic_write = _full
+"""
+
+
+def disk_full_sets(tmp: Path, trained: Path) -> list:
+    """horizon and exit run twice into one folder, the second time with the disk full at its second file
+    (a sitecustomize on the subprocess's path): (label, argv, result, whether every file of the first run is
+    there as it was and the line names the whole set)."""
+    hook = tmp / "full-disk"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FULL_DISK)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))}
+    out = []
+    sets = [(["horizon", trained, "--steps", 2], ["horizon", trained, "--steps", 3],  # a sweep of other files
+             ["horizon.csv", "horizon.png"]),
+            (["exit", trained, "--time-batches", 1], ["exit", trained, "--time-batches", 1],  # (other timings)
+             ["exit.csv", "exit.png", "exit.json"])]
+    for command, again, names in sets:
+        folder = tmp / f"set-{command[0]}"
+        first = cli(*command, "--out", folder)
+        if first.returncode != 0:
+            raise SystemExit(first.stderr)
+        before = {p.name: p.read_bytes() for p in folder.iterdir()}
+        args = [*again, "--out", folder]
+        r = cli(*args, env=env)
+        after = {p.name: p.read_bytes() for p in folder.iterdir()}
+        named = all(n in r.stderr for n in names)
+        out.append((f"disk full at the second of {', '.join(names)}", args, r, before == after and named))
+    return out
+
+
 def _header_past_end() -> bytes:
     """A safetensors file whose one tensor (4 MB by its header) has 8 bytes of data."""
     header = json.dumps({"w": {"dtype": "F32", "shape": [1000000], "data_offsets": [0, 4000000]}}).encode()
@@ -818,6 +906,27 @@ def export_kill_trials(tmp: Path, trained: Path, n: int, rng: random.Random) -> 
             note = (r.stderr.strip().splitlines() or ["incomplete folder"])[-1][:200]
         trials.append({"kind": "export --format hf" + (" (finished before the kill)" if finished else ""),
                        "killed_after_epochs": "-", "survived": ok, "note": "" if ok else note})
+    return trials
+
+
+def steps_kill_trials(tmp: Path, trained: Path, n: int, rng: random.Random) -> list:
+    """``kill -9`` of a fused step-program export while it writes its programs (its scratch folder is there),
+    then the same export: survived = it ends with exit 0 and a folder that loads, and no scratch folder of the
+    export is left beside it."""
+    trials = []
+    for i in range(n):
+        out = tmp / f"steps-{i}"
+        cmd = ["export", trained, "--format", "torch-export", "--steps-program", "--fused", "--out", out]
+        p = start(*cmd)
+        kill_when(p, lambda: any(tmp.glob(f".{out.name}*")), rng)  # tracing into the scratch folder
+        finished = p.returncode == 0
+        r = cli(*cmd) if not out.exists() else None  # (a folder there is whole: it loads, or it is refused)
+        ok = (r is None or r.returncode == 0) and (out / "manifest.json").is_file() and api("run", out).returncode == 0
+        left = [x.name for x in tmp.glob(f".{out.name}*")]  # the killed export's scratch folder
+        note = "" if ok else (r.stderr.strip().splitlines() or ["no folder"])[-1][:200] if r else "it does not load"
+        trials.append({"kind": "export --steps-program --fused" + (" (finished before the kill)" if finished else ""),
+                       "killed_after_epochs": "-", "survived": ok and not left,
+                       "note": note + (f" left {', '.join(left)}" if left else "")})
     return trials
 
 
@@ -887,6 +996,7 @@ def main() -> int:
         kills = kill_trials(tmp / "kills", args.kills, rng) if "kills" in parts else []
         if "kills" in parts:
             kills += export_kill_trials(tmp / "kills", trained, args.kills, rng)
+            kills += steps_kill_trials(tmp / "kills", trained, args.kills, rng)
         hide = lambda rows: json.loads(json.dumps(rows).replace(str(tmp), "TMP"))  # noqa: E731
         report(hide(kills), hide(payloads), hide(bad), args.out)
     return 0

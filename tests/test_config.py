@@ -2,6 +2,7 @@
 for every schema when a config is loaded; one optimizer schema for every task; the model sections
 derived from the model configs' own fields."""
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,29 @@ def test_a_config_is_a_path_or_a_packaged_name_from_any_folder(tmp_path, monkeyp
     row = next(c for c in listed if c["name"] == "digits/bvit")
     assert row["command"] == "recurvit train" and "bViT" in row["summary"]
     assert main(["configs"]) == 0 and "digits/crossroads/ode_rk4" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("override, words", [
+    ("model.init_values=nan", "model.init_values must be a finite number >= 0, got nan"),
+    ("model.init_values=inf", "model.init_values must be a finite number >= 0, got inf"),
+    ("model.init_values=-0.1", "model.init_values must be a finite number >= 0, got -0.1"),
+    ("model.drop_rate=nan", "model.drop_rate must be a number in [0, 1), got nan"),
+    ("model.drop_path=1.0", "model.drop_path must be a number in [0, 1), got 1.0"),
+    ("model.mlp_ratio=0", "model.mlp_ratio must be a finite number > 0, got 0.0"),
+])
+def test_a_model_number_outside_its_declared_range_is_refused_when_the_config_loads(override, words):
+    with pytest.raises(UserError, match=re.escape(words)):
+        load_config(None, [override])
+
+
+def test_numbers_in_range_load_and_unset_passes():
+    cfg = load_config(None, ["model.init_values=0.1", "model.drop_path=0.5", "model.drop_rate=0"])
+    assert (cfg.model.init_values, cfg.model.drop_path, cfg.model.drop_rate) == (0.1, 0.5, 0.0)
+    assert load_config(None, ["model.init_values=null"]).model.init_values is None
+
+
+def test_the_vae_model_numbers_are_checked_by_the_same_declarations():
+    with pytest.raises(UserError, match=re.escape("model.mod_init must be a finite number >= 0, got nan")):
+        load_vae_config(None, ["model.mod_init=nan"])
+    with pytest.raises(UserError, match="model.mlp_ratio must be a finite number > 0"):
+        load_vae_config(None, ["model.mlp_ratio=-2"])

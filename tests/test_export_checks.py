@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import fails_in_one_line
 from safetensors.torch import load_file, save_file
 
 import recurvit
@@ -42,6 +43,7 @@ def _edit(folder, **data):
     ("class_names", [0, 1, 2], "not 3 names"),
     ("in_chans", 3, "says in_chans 3, and the model takes 1"),
     ("img_size", -8, "has img_size -8"),
+    ("name", "nosuchdata", "names the data set 'nosuchdata', not one of recurvit's"),
 ])
 def test_a_lying_record_is_one_line(export, field, value, says):
     _edit(export, **{field: value})
@@ -65,3 +67,50 @@ def test_model_args_that_are_not_a_mapping_are_one_line(export):
     (export / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError, match="its model_args is a str, not a mapping"):
         load(export)
+
+
+def _png(path):
+    from PIL import Image
+
+    Image.new("L", (8, 8), 3).save(path)
+    return path
+
+
+@pytest.mark.parametrize("command", ["predict", "eval"])
+def test_an_unknown_data_set_in_the_record_is_one_line_in_predict_and_eval(export, tmp_path, capsys, command):
+    _edit(export, name="nosuchdata")
+    argv = [command, export, *([_png(tmp_path / "x.png")] if command == "predict" else [])]
+    fails_in_one_line(capsys, argv, "names the data set 'nosuchdata'")
+
+
+def test_a_record_of_another_image_size_is_one_line_in_predict(export, tmp_path, capsys):
+    _edit(export, img_size=16)  # the model takes 8 px: images read at 16 px were a shape error
+    fails_in_one_line(capsys, ["predict", export, _png(tmp_path / "x.png")], "record says img_size 16",
+                      "the model takes 8x8 px images")
+
+
+@pytest.mark.parametrize("key, value", [("in_chans", 3), ("img_size", [16, 16])])
+def test_model_args_of_another_shape_are_one_line(export, key, value):
+    cfg = json.loads((export / "config.json").read_text())
+    cfg["model_args"][key] = value
+    (export / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="does not match its model") as e:
+        load(export)
+    assert "\n" not in str(e.value)
+
+
+def test_the_description_says_the_steps_the_run_was_trained_at(export):
+    cfg = json.loads((export / "config.json").read_text())
+    assert "(2 trained)" in cfg["pretrained_cfg"]["description"]  # the preset's own words said 12
+
+
+@pytest.mark.parametrize("target", ["empty", "file", "nothing"])
+def test_an_out_that_is_a_symbolic_link_is_refused_as_every_format_refuses_it(export, tmp_path, capsys, target):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("mine\n")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / target)
+    for fmt in ("hf", "safetensors"):
+        fails_in_one_line(capsys, ["export", export, "--format", fmt, "--out", link], f"{link} exists; choose another OUT")
+    assert link.is_symlink() and (target != "empty" or not any((tmp_path / "empty").iterdir()))
+    assert target != "file" or (tmp_path / "file").read_text() == "mine\n"

@@ -35,7 +35,9 @@ def choice(default: str, choices: tuple) -> Any:
 
 
 def check_choices(cfg: Any, prefix: str = "") -> None:
-    """UserError naming the key for a field whose value is not one of its declared choices."""
+    """UserError naming the key for a field whose value is not one of its declared choices, or not in its
+    declared range (``recurvit.model_fields.bounded``: ``model.init_values=nan`` is refused here, before a run
+    trains on it). None, "not set", passes."""
     if not is_dataclass(cfg):
         return
     for f in fields(cfg):
@@ -43,6 +45,9 @@ def check_choices(cfg: Any, prefix: str = "") -> None:
         allowed = f.metadata.get("choices")
         if allowed is not None and value not in allowed:
             raise UserError(f"bad config: {prefix}{f.name} must be one of {', '.join(allowed)}, got '{value}'")
+        bounds = f.metadata.get("range")
+        if bounds is not None and value is not None and not bounds.holds(value):
+            raise UserError(f"bad config: {prefix}{f.name} must be {bounds}, got {value}")
         check_choices(value, f"{prefix}{f.name}.")
 
 

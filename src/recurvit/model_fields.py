@@ -7,10 +7,44 @@ checks and derived sizes; the run configs (``recurvit.config.ModelConfig``,
 preset's name and every field again, left None to take the preset's value. A field added here is a
 field of the model and a key of the run config at once, so neither is a hand-kept mirror of the other.
 
+A float field whose values are bounded declares its range once (:func:`bounded`); every config is checked
+against it when it is loaded (``recurvit.config.check_choices``), before anything trains.
+
 This module imports neither torch nor the model package, so that loading a run config stays light.
 """
+import math
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a number field takes: finite, above ``low`` (or equal to it, with ``low_closed``) and below
+    ``high`` (None: no upper bound)."""
+
+    low: float
+    low_closed: bool = True
+    high: Optional[float] = None
+
+    def holds(self, value: Any) -> bool:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            return False
+        above = value >= self.low if self.low_closed else value > self.low
+        return above and (self.high is None or value < self.high)
+
+    def __str__(self) -> str:
+        if self.high is not None:
+            return f"a number in {'[' if self.low_closed else '('}{self.low:g}, {self.high:g})"
+        return f"a finite number {'>=' if self.low_closed else '>'} {self.low:g}"
+
+
+def bounded(default: Any, low: float, low_closed: bool = True, high: Optional[float] = None) -> Any:
+    """A number field with its :class:`Range` (None, where it is the default, means "not set" and passes)."""
+    return field(default=default, metadata={"range": Range(low, low_closed, high)})
+
+
+POSITIVE = dict(low=0.0, low_closed=False)  # > 0
+RATE = dict(low=0.0, high=1.0)  # a probability of dropping: [0, 1)
 
 
 @dataclass
@@ -22,13 +56,13 @@ class ViTFields:
     embed_dim: int = 192  # width D
     depth: int = 12  # blocks stored (1 for a core with ONE shared block)
     num_heads: int = 3  # attention heads; D must be divisible by it
-    mlp_ratio: float = 4.0  # MLP hidden = mlp_ratio * D
+    mlp_ratio: float = bounded(4.0, **POSITIVE)  # MLP hidden = mlp_ratio * D
     qkv_bias: bool = True  # bias on the fused qkv projection
     class_token: bool = True  # prepend a learned [CLS] token
     global_pool: str = "token"  # token: read [CLS]; avg: mean of patch tokens (timm: fc_norm instead of norm); "": none
-    init_values: Optional[float] = None  # LayerScale init (None: no LayerScale)
-    drop_rate: float = 0.0  # dropout on the pooled feature before the head
-    drop_path: float = 0.0  # stochastic depth rate (linear over depth for stacks, constant for recurrence)
+    init_values: Optional[float] = bounded(None, 0.0)  # LayerScale init (None: no LayerScale; a scale, not < 0)
+    drop_rate: float = bounded(0.0, **RATE)  # dropout on the pooled feature before the head
+    drop_path: float = bounded(0.0, **RATE)  # stochastic depth (linear over depth in a stack, constant in a loop)
     core: str = "stack"  # how depth runs: a name in models.cores.CORES (stack | recurrent | ode | softmor)
     steps: Optional[int] = None  # block-application steps at the trained depth (None: the core's default)
     stage_heads: int = 0  # >1: one head per deep-supervision stage (the last one is `head`)
@@ -57,10 +91,10 @@ class LoopVAEFields:
     z_channels: int = 8  # latent channels
     latent: str = "single"  # single (coarsest scale) | multi (one latent per scale)
     num_heads: int = 4  # transformer operator
-    mlp_ratio: float = 2.0  # transformer operator: MLP hidden = mlp_ratio * embed_dim
+    mlp_ratio: float = bounded(2.0, **POSITIVE)  # transformer operator: MLP hidden = mlp_ratio * embed_dim
     groups: int = 8  # GroupNorm groups (conv operator, transitions and heads)
     cond_dim: Optional[int] = None  # width of the (scale, loop) embeddings; None: embed_dim
-    mod_init: float = 0.02  # std of the modulation layers' weights (0: conditioning starts inert)
+    mod_init: float = bounded(0.02, 0.0)  # std of the modulation layers' weights (0: conditioning starts inert)
 
 
 def preset_schema(name: str, arch: type, default_preset: str, doc: str, module: str,
@@ -68,8 +102,9 @@ def preset_schema(name: str, arch: type, default_preset: str, doc: str, module: 
     """A run config's model section: ``name`` (the preset, ``default_preset`` unless set) and every
     field of ``arch`` as Optional with default None ("the preset's value"), then ``extra`` fields
     (``(name, type, dataclasses.field(...))``). A dataclass, so OmegaConf types and checks it;
-    ``module`` is the module that exposes it (where it is pickled from and documented)."""
-    own = [(f.name, Optional[f.type], field(default=None)) for f in fields(arch)]
+    ``module`` is the module that exposes it (where it is pickled from and documented). A field's declared
+    range (:func:`bounded`) goes with it."""
+    own = [(f.name, Optional[f.type], field(default=None, metadata=f.metadata)) for f in fields(arch)]
     cls = make_dataclass(name, [("name", str, field(default=default_preset)), *own, *extra])
     cls.__doc__ = doc
     cls.__module__ = module
@@ -81,4 +116,4 @@ def options_field() -> Tuple[str, Any, Any]:
     return ("options", Dict[str, Any], field(default_factory=dict))
 
 
-__all__ = ["ViTFields", "LoopVAEFields", "preset_schema", "options_field"]
+__all__ = ["ViTFields", "LoopVAEFields", "Range", "bounded", "preset_schema", "options_field"]

@@ -188,11 +188,13 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
     """The sweep of a trained maze run (a run directory or checkpoint): every size of ``sizes`` (default: the
     run's ``data.maze_test_sizes``), ``n`` test mazes each (default: the run's ``data.maze_test``), up to
     ``max_steps`` (default ``factor`` x the trained depth). With ``out`` (a folder) writes sweeps.json and
-    solved.png there (claimed before the sweep). The stable rule starts at T with patience :data:`PATIENCE`
-    unless ``rule_options`` say otherwise. Returns {"trained_steps", "sweeps", "rows"}."""
+    solved.png there (claimed before the sweep; both new or both as they were). The stable rule starts at T
+    with patience :data:`PATIENCE` unless ``rule_options`` say otherwise. Returns {"trained_steps", "sweeps",
+    "rows"}."""
     import json
     from dataclasses import replace
 
+    from ..run.atomic import file_set
     from ..run.outputs import PNG, claim_files, output_dir
 
     if out is not None:
@@ -213,8 +215,9 @@ def sweep_run(run: Path, max_steps: Optional[int] = None, factor: int = 10, size
     if out is not None:
         images = ("kept", "example")  # tensors of a picture (keep=, example=): returned, not written as JSON
         plain = {**result, "sweeps": {s: {k: v for k, v in sw.items() if k not in images} for s, sw in sweeps.items()}}
-        write_text(out / "sweeps.json", json.dumps(plain), SWEEPS_MARK, "sweeps.json")
-        plot_solved(sweeps, T, out / "solved.png", title=f"{cfg.model.name}: solved against iterations")
+        with file_set(out, ["sweeps.json", "solved.png"]):  # both new or both as they were
+            write_text(out / "sweeps.json", json.dumps(plain), SWEEPS_MARK, "sweeps.json")
+            plot_solved(sweeps, T, out / "solved.png", title=f"{cfg.model.name}: solved against iterations")
     return result
 
 

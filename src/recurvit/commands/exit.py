@@ -80,18 +80,22 @@ def run(args) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     rows, test = res.pop("sweep"), res["test"]
+    from ..run.atomic import file_set
     from ..run.outputs import output_dir, write_text
 
     out_dir = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))
-    A.write_csv(rows, out_dir / "exit.csv")
     label = f"{cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)})"
-    A.plot([{"title": f"{label}: exit by {args.criterion}", "T": res["trained_steps"], "fixed": res["fixed_accuracy"],
-             "curves": {args.criterion: {"rows": rows, "point": test}}}], out_dir / "exit.png")
     summary = {"run": str(args.run), "model": cfg.model.name, "core": model.cfg.core,
                "runs_as": model.cfg.core_cls.describe(model.cfg), **res, "device": str(device),
                "threads": torch.get_num_threads(), "csv": str(out_dir / "exit.csv"), "png": str(out_dir / "exit.png")}
-    # what --json prints, for reports: atomically, and only over an exit.json of exit's (never through a link)
-    write_text(out_dir / "exit.json", json.dumps({**summary, "sweep": rows}, indent=1), b'{\n "run": ', "exit.json")
+    with file_set(out_dir, ["exit.csv", "exit.png", "exit.json"]):  # all new or all as they were
+        A.write_csv(rows, out_dir / "exit.csv")
+        A.plot([{"title": f"{label}: exit by {args.criterion}", "T": res["trained_steps"],
+                 "fixed": res["fixed_accuracy"], "curves": {args.criterion: {"rows": rows, "point": test}}}],
+               out_dir / "exit.png")
+        # what --json prints, for reports: only over an exit.json of exit's (never through a link)
+        write_text(out_dir / "exit.json", json.dumps({**summary, "sweep": rows}, indent=1), b'{\n "run": ',
+                   "exit.json")
     if args.json:
         print_json({**summary, "sweep": rows})
         return 0

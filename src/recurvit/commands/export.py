@@ -1,8 +1,6 @@
 """recurvit export RUN --format hf|timm|safetensors|torch-export|onnx --out OUT [--rgb] [--steps-program [--fused]] [--int8]"""
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 from ..errors import UserError
@@ -55,6 +53,8 @@ def run(args) -> int:
     from ..run.atomic import follow_umask
 
     out_of(args)
+    if args.out.is_symlink():  # an OUT that exists, as every format refuses it: a link (to a folder, a file or
+        raise UserError(f"{args.out} exists; choose another OUT")  # nothing) is never written through
     if args.rgb and (args.steps_program or args.format not in ("timm", "onnx", "torch-export")):
         raise UserError("--rgb applies to --format timm, onnx or torch-export (the whole model), not "
                         f"{'--steps-program' if args.steps_program else '--format ' + args.format}")
@@ -113,9 +113,9 @@ def _steps_program(args) -> int:
 
 def _int8(args) -> int:
     """The fp32 export written to a scratch folder beside OUT, then quantized into OUT (which appears whole
-    or not at all); the scratch goes either way."""
+    or not at all); the scratch goes either way (one a kill left behind: with the next such export)."""
     from ..export.int8 import quantize_model, quantize_steps
-    from ..run.atomic import follow_umask
+    from ..run.atomic import follow_umask, scratch_dir
     from ..run.outputs import output_dir
 
     if args.format != "onnx":
@@ -124,21 +124,20 @@ def _int8(args) -> int:
     if final.exists():
         raise UserError(f"{final} exists; choose another OUT")
     output_dir(final.parent, "OUT")
-    scratch = Path(tempfile.mkdtemp(prefix=f".{final.name}-fp32-", dir=final.parent))
-    try:
-        args.out = scratch / final.name
-        if args.steps_program:
-            from ..export.steps import export_steps
+    with scratch_dir(final.parent, final.name, "fp32") as scratch:  # a killed export's goes with the next one
+        try:
+            args.out = scratch / final.name
+            if args.steps_program:
+                from ..export.steps import export_steps
 
-            quantize_steps(export_steps(args.run, args.out, "onnx", fused=args.fused), final)
-            files = sorted(str(p) for p in final.iterdir())
-        else:
-            from ..export.program import export_program
+                quantize_steps(export_steps(args.run, args.out, "onnx", fused=args.fused), final)
+                files = sorted(str(p) for p in final.iterdir())
+            else:
+                from ..export.program import export_program
 
-            files = [str(quantize_model(export_program(args.run, args.out, "onnx", rgb=args.rgb), final))]
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-        args.out = final
+                files = [str(quantize_model(export_program(args.run, args.out, "onnx", rgb=args.rgb), final))]
+        finally:
+            args.out = final
     follow_umask(final)
     if args.json:
         print_json({"run": str(args.run), "format": "onnx", "steps_program": args.steps_program, "int8": True,

@@ -54,6 +54,7 @@ def _capped(model, K: int):
 
 def run(args) -> int:
     from ..analysis.horizon import horizon_sweep, plot, summarize, write_csv
+    from ..run.atomic import file_set
     from ..run.outputs import PNG, claim_files, output_dir
 
     if args.steps is not None and args.steps < 1:
@@ -72,12 +73,13 @@ def run(args) -> int:
     check_cost(model, test_loader, device, K, len(test_loader), args)
     claim_files(out_dir, {"horizon.csv": b"step,accuracy", "horizon.png": PNG})
     sweep = horizon_sweep(model, test_loader, device, K, progress=not args.json)
-    write_csv(sweep, out_dir / "horizon.csv")
     label = f"{cfg.model.name} ({model.cfg.core_cls.describe(model.cfg)})"
     chance = 1.0 / info.num_classes
     run_name = (args.run if args.run.is_dir() else args.run.parent).resolve().name
-    plot({label: sweep}, T, out_dir / "horizon.png", chance=chance,
-         title=f"{run_name}: {label} on {cfg.data.name}, trained T = {T}, swept to {K} steps")
+    with file_set(out_dir, ["horizon.csv", "horizon.png"]):  # both new or both as they were
+        write_csv(sweep, out_dir / "horizon.csv")
+        plot({label: sweep}, T, out_dir / "horizon.png", chance=chance,
+             title=f"{run_name}: {label} on {cfg.data.name}, trained T = {T}, swept to {K} steps")
     summary = {"run": str(args.run), "model": cfg.model.name, "core": model.cfg.core, **summarize(sweep, T),
                "chance": chance,
                "csv": str(out_dir / "horizon.csv"), "png": str(out_dir / "horizon.png"), "note": note}
@@ -105,6 +107,7 @@ def _mazes(args, loaded) -> int:
     from ..analysis.mazes import draw_maze, example_panels, maze_sweep_sizes, plot_solved, stable_rule, summarize_mazes
     from ..analysis.budget import free_memory
     from ..data.mazes import cells_per_side, maze_test_sets, sweep_bytes
+    from ..run.atomic import file_set
     from ..run.checkpoint import check_finite
     from ..run.device import pick_device
     from ..run.outputs import PNG, claim_files, output_dir, write_text
@@ -157,15 +160,10 @@ def _mazes(args, loaded) -> int:
     for size, sw in sorted(sweeps.items()):
         w.writerows(zip(*([size] * len(sw["step"]), sw["step"], sw["solved"], sw["accuracy"], sw["path_recall"],
                             sw["path_precision"], sw["state_rms"], sw["state_change"], sw["solved_open"])))
-    write_text(outputs["horizon.csv"], table.getvalue(), ",".join(MAZE_CSV[:2]).encode(), "horizon.csv")
     run_name = (args.run if args.run.is_dir() else args.run.parent).resolve().name
-    plot_solved(sweeps, T, out_dir / "horizon.png",
-                title=f"{run_name}: trained at {cfg.data.maze_size}x{cfg.data.maze_size}, T = {T}, swept to {K}")
     # the picture: the largest size where the stable rule solved a maze (none: the largest size's first maze)
     size = max((s for s, ex in examples.items() if ex["solved"]), default=max(examples))
     ex = examples[size]
-    draw_maze(example_panels(ex, K), f"{run_name}: a {size}x{size} test maze (trained at "
-              f"{cfg.data.maze_size}x{cfg.data.maze_size}, T = {T})", outputs[MAZE_PICTURE])
     summary = {"run": str(args.run), "model": cfg.model.name, "trained_steps": T, "max_steps": K, "note": note,
                "mazes": args.mazes, "stable_rule": rule, "rows": rows, "csv": str(out_dir / "horizon.csv"),
                "png": str(out_dir / "horizon.png"),
@@ -174,7 +172,13 @@ def _mazes(args, loaded) -> int:
                            "solved_at_max_steps": ex["solved_last"]}}
     # the file names its siblings by name (the folder moves: results are copied out of the run), stdout in full
     saved = {**summary, "csv": "horizon.csv", "png": "horizon.png", "picture": {**summary["picture"], "png": MAZE_PICTURE}}
-    write_text(outputs["horizon.json"], json.dumps(saved, indent=1) + "\n", JSON_MARK, "horizon.json")
+    with file_set(out_dir, list(outputs)):  # the four files all new or all as they were
+        write_text(outputs["horizon.csv"], table.getvalue(), ",".join(MAZE_CSV[:2]).encode(), "horizon.csv")
+        plot_solved(sweeps, T, out_dir / "horizon.png",
+                    title=f"{run_name}: trained at {cfg.data.maze_size}x{cfg.data.maze_size}, T = {T}, swept to {K}")
+        draw_maze(example_panels(ex, K), f"{run_name}: a {size}x{size} test maze (trained at "
+                  f"{cfg.data.maze_size}x{cfg.data.maze_size}, T = {T})", outputs[MAZE_PICTURE])
+        write_text(outputs["horizon.json"], json.dumps(saved, indent=1) + "\n", JSON_MARK, "horizon.json")
     if args.json:
         print_json(summary)
         return 0

@@ -59,8 +59,21 @@ def _timm_twin(model, cfg):
     twin = timm.create_model(architecture(cfg, model), **args)
     twin.load_state_dict(model.state_dict())
     pre = {k: v for k, v in (getattr(model, "pretrained_cfg", None) or {}).items() if k != "recurvit_data"}
-    twin.pretrained_cfg = {**twin.pretrained_cfg, **pre}
+    twin.pretrained_cfg = {**twin.pretrained_cfg, **pre, "description": description(model, cfg)}
     return twin.eval(), args
+
+
+def description(model, cfg) -> str:
+    """What the exported model is, from the run itself (the preset's own words describe the preset: a bViT-Ti
+    of "12 trained" steps, whatever the run was trained at): its model and core, the steps it was trained at,
+    its width and its input."""
+    c, T = model.cfg, model.nominal_steps
+    how = {"recurrent": f"ONE block applied `steps` times ({T} trained)",
+           "stack": f"a stack of {T} blocks"}.get(c.core, f"{c.core_cls.describe(c)} core, {T} steps trained")
+    data = ((getattr(model, "pretrained_cfg", None) or {}).get("recurvit_data") or {}).get("name")
+    return (f"{cfg.model.name}: {how}, width {c.embed_dim}, {c.img_size} px in {c.patch_size} px patches, "
+            f"{c.in_chans} channel{'s' if c.in_chans != 1 else ''}, {c.num_classes} classes"
+            + (f" ({data})" if data else ""))
 
 
 def _exportable(loaded, source) -> None:

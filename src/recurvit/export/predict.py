@@ -147,7 +147,10 @@ def predict(model: torch.nn.Module, images: Any, topk: int = 5, steps: Optional[
         raise UserError(f"--batch-size must be >= 1, got {batch_size}")
     cfg = getattr(model, "pretrained_cfg", None) or {}
     names, images = gather(images, names)
-    own = _transform(cfg) if any(not isinstance(im, torch.Tensor) for im in images) else None
+    own = None
+    if any(not isinstance(im, torch.Tensor) for im in images):
+        check_input_size(model, cfg)
+        own = _transform(cfg)
 
     def tf(im):
         return im if isinstance(im, torch.Tensor) else own(im)
@@ -169,6 +172,18 @@ def predict(model: torch.nn.Module, images: Any, topk: int = 5, steps: Optional[
         for name, pr, ix in zip(names[i:i + batch_size], p.tolist(), idx.tolist()):
             out.append(Prediction(name, [(labels[j] if j < len(labels) else str(j), q) for j, q in zip(ix, pr)]))
     return out
+
+
+def check_input_size(model: torch.nn.Module, cfg: Dict[str, Any]) -> None:
+    """One line when the preprocessing record (``pretrained_cfg``) would size images for another model than
+    this one: a classifier reads images at the record's img_size, and a model built for another size fails
+    on them with a shape error (a dense model reads a maze at its own size: not checked here)."""
+    data = cfg.get("recurvit_data") or {}
+    size, own = data.get("img_size"), getattr(getattr(model, "cfg", None), "img_size", None)
+    if is_dense(cfg) or not isinstance(own, int) or size == own:
+        return
+    raise UserError(f"the model's preprocessing record says img_size {str(size)[:20]}, and the model takes "
+                    f"{own}x{own} px images; export the run again")
 
 
 def check_mazes(pairs: Sequence[Tuple[str, Any]]) -> None:

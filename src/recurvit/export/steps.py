@@ -30,8 +30,6 @@ import contextlib
 import io
 import logging
 import os
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence, Tuple
@@ -43,6 +41,7 @@ from ..errors import UserError
 from ..layers.lora import lora_layers
 from ..models.adaptive import has_step_readouts
 from ..models.cores.base import STEP_INPUT, NoStepProgram, StepPlan
+from ..run.atomic import scratch_dir
 from ..run.checkpoint import check_finite
 from ..run.load import load_model
 from .manifest import FORMAT, MANIFEST, SUFFIX, VERSION, seal, weights_fingerprint  # noqa: F401 (re-exported)
@@ -246,7 +245,8 @@ def export_steps(run, out, fmt: str = "onnx", fused: bool = False, **overrides) 
     with the embed / step / readout programs (and with ``fused`` the fused step-and-readout programs) and
     ``manifest.json``. ``run``: a run directory, a checkpoint, an hf
     export (anything ``recurvit.load_model`` reads) or a model instance. The folder appears whole or not at
-    all (written beside OUT, then renamed)."""
+    all: written in a hidden scratch folder beside OUT (:func:`recurvit.run.atomic.scratch_dir`), then renamed;
+    the scratch folder of an export killed there before is removed by the next one."""
     out = Path(out)
     if fmt not in SUFFIX:
         raise UserError(f"--steps-program writes onnx or torch-export programs, not {fmt}: add --format onnx")
@@ -266,13 +266,9 @@ def export_steps(run, out, fmt: str = "onnx", fused: bool = False, **overrides) 
     _plan(model)  # refuse a core without a step program before any folder is made
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     except OSError as e:
         raise UserError(f"cannot write in {out.parent} ({e.strerror}); choose another OUT") from None
-    try:
+    with scratch_dir(out.parent, out.name, "steps") as tmp:  # a killed export's scratch goes with the next one
         write_programs(model, tmp, fmt, fused)
         os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from ..data import build_datasets
+from ..data import DATASETS, build_datasets
 from ..errors import UserError
 from .loaders import run_data
 
@@ -79,9 +79,10 @@ def check_classes(record: Optional[Dict[str, Any]], info, source) -> None:
 
 
 def check_record(data: Dict[str, Any], num_classes: int, in_chans: int, where) -> None:
-    """An export's preprocessing record as a model can use it, or one line naming the bad field: finite mean
-    and std (std > 0) a channel, a positive image size, the model's channels, and as many class names (strings)
-    as its head has classes (a NaN mean predicted "prob": NaN; short or integer names were taken as they were)."""
+    """An export's preprocessing record as a model can use it, or one line naming the bad field: a data set
+    recurvit knows (eval reads it, predict reads images as it did), finite mean and std (std > 0) a channel, a
+    positive image size, the model's channels, and as many class names (strings) as its head has classes (a NaN
+    mean predicted "prob": NaN; short or integer names were taken as they were)."""
     import math
 
     def bad(what: str) -> UserError:
@@ -89,6 +90,9 @@ def check_record(data: Dict[str, Any], num_classes: int, in_chans: int, where) -
 
     if not isinstance(data, dict):
         raise bad(f"is a {type(data).__name__}, not a mapping")
+    name = data.get("name")
+    if not (isinstance(name, str) and name in DATASETS):
+        raise bad(f"names the data set {str(name)[:40]!r}, not one of recurvit's ({', '.join(DATASETS)})")
     size, chans = data.get("img_size"), data.get("in_chans")
     if not (isinstance(size, int) and not isinstance(size, bool) and size > 0):
         raise bad(f"has img_size {size!r}, not a positive integer")
