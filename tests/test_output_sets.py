@@ -138,3 +138,26 @@ def test_a_step_program_export_removes_the_scratch_a_killed_one_left(trained, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps"]
     prog = StepProgram(out)
     assert prog.default_steps == 2
+
+
+@pytest.mark.parametrize("fmt", ["hf", "onnx"])
+def test_an_export_removes_the_scratch_a_killed_one_left_and_refuses_a_link(trained, tmp_path, capsys, fmt):
+    """hf and timm folders (run.outputs.staged_dir) and ONNX files (write_by_name) are built in scratch folders
+    too, so what a kill -9 left there goes with the next export of that name; a link as OUT is refused from
+    Python as from the command line."""
+    from recurvit.export.hf import export_hf
+    from recurvit.run.load import load
+
+    name = "model" if fmt == "hf" else "model.onnx"
+    kind = "staged" if fmt == "hf" else "byname"
+    stale = _aged(tmp_path / f".{name}.{kind}-k1ll3d00.part")
+    out = tmp_path / name
+    capsys.readouterr()
+    assert main(["export", str(trained), "--format", fmt, "--out", str(out)]) == 0
+    assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    if fmt == "hf":
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "link").symlink_to(tmp_path / "empty")
+        with pytest.raises(UserError, match="exists; choose another"):
+            export_hf(load(trained), tmp_path / "link")

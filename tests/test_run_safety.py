@@ -252,21 +252,6 @@ def test_resume_of_a_finished_run_whose_metrics_were_deleted(trained, tmp_path, 
     assert last["epoch"] == 2 and got["epoch"] == 2 and got["test_acc"] == last["test_acc"]  # from last.pt
 
 
-def test_resume_of_a_finished_run_whose_checkpoint_kept_no_metrics(trained, tmp_path, capsys):
-    """Checkpoints written before last.pt carried its metrics: the final figures (training time
-    included, which the study runner reports as its cost) come from the logged last epoch."""
-    run = copy_run(trained, tmp_path)
-    state = torch.load(run / "last.pt", weights_only=True)
-    del state["metrics"]
-    torch.save(state, run / "last.pt")
-    logged = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()][-1]
-    res = run_main("train", "--resume", run, "--json", capsys=capsys)
-    assert res.returncode == 0, res.stderr
-    got = json.loads(res.stdout)
-    assert got["epoch"] == 2 and got["test_acc"] == logged["test_acc"]
-    assert got["train_seconds"] == logged["train_seconds"] > 0
-
-
 # -------------------------------------------------------------------- one line and exit 2
 @pytest.mark.parametrize("args,needle", [
     (["--out", "/proc/recurvit-x"], "cannot create run directory"),

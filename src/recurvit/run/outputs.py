@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
@@ -89,52 +87,45 @@ def save_figure(fig, path: Path, **kwargs) -> Path:
 @contextlib.contextmanager
 def staged_dir(out: Path, what: str = "OUT") -> Iterator[Path]:
     """A folder to fill, renamed to ``out`` when the block ends without an error (``out`` must not exist,
-    or be an empty folder); on an error or a kill ``out`` is left as it was (a kill -9 may leave a hidden
-    ``.NAME.XXXX.tmp`` folder beside it, never a half-written ``out``)."""
+    or be an empty folder, and is not a link); on an error or a kill ``out`` is left as it was. The folder is
+    built in :func:`recurvit.run.atomic.scratch_dir`, so what a kill -9 left there is removed by the next
+    output of that name."""
     out = Path(out)
+    if out.is_symlink():
+        raise UserError(f"{out} exists; choose another {what}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out} exists{' and is not empty' if out.is_dir() else ''}; choose another {what}")
     parent = output_dir(out.parent, what)
-    tmp = _temp_dir(parent, out, what)
-    try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~atomic.umask())  # mkdtemp makes 0700: follow the umask, as mkdir would
+    with atomic.scratch_dir(parent, out.name, "staged", what) as tmp:
         try:
-            os.rename(tmp, out)  # over an empty folder too (rename(2) replaces an empty directory)
-        except OSError as e:
-            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                raise UserError(f"{out} was created by someone else meanwhile; choose another {what}") from None
+            yield tmp
+            os.chmod(tmp, 0o777 & ~atomic.umask())  # mkdtemp makes 0700: follow the umask, as mkdir would
+            try:
+                os.rename(tmp, out)  # over an empty folder too (rename(2) replaces an empty directory)
+            except OSError as e:
+                if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise UserError(f"{out} was created by someone else meanwhile; choose another {what}") from None
+                raise
+            atomic.fsync_dir(parent)
+        except BaseException as e:
+            atomic.raise_if_no_space(e, out)
             raise
-        atomic.fsync_dir(parent)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        atomic.raise_if_no_space(e, out)
-        raise
 
 
 def write_by_name(path: Path, save: Callable[[str], None], what: str = "OUT") -> Path:
-    """``save(name)`` for a library that writes only to a file name (an ONNX program): into a temp
-    folder beside ``path``, then renamed over it; ``path`` must not exist."""
+    """``save(name)`` for a library that writes only to a file name (an ONNX program): into a scratch
+    folder beside ``path`` (:func:`recurvit.run.atomic.scratch_dir`), then renamed over it; ``path`` must not
+    exist."""
     path = Path(path)
     if path.exists() or path.is_symlink():
         raise UserError(f"{path} exists; choose another {what}")
     parent = output_dir(path.parent, what)
-    tmp = _temp_dir(parent, path, what)
-    try:
-        save(str(tmp / path.name))
-        os.replace(tmp / path.name, path)
-        atomic.fsync_dir(parent)
-    except BaseException as e:
-        atomic.raise_if_no_space(e, path)
-        raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic.scratch_dir(parent, path.name, "byname", what) as tmp:
+        try:
+            save(str(tmp / path.name))
+            os.replace(tmp / path.name, path)
+            atomic.fsync_dir(parent)
+        except BaseException as e:
+            atomic.raise_if_no_space(e, path)
+            raise
     return path
-
-
-def _temp_dir(parent: Path, out: Path, what: str) -> Path:
-    try:
-        return Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.", suffix=".tmp"))
-    except OSError as e:
-        atomic.raise_if_no_space(e, out)
-        raise UserError(f"cannot write in {parent}: {e.strerror or e}; choose a writable {what}") from None
