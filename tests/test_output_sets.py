@@ -161,3 +161,24 @@ def test_an_export_removes_the_scratch_a_killed_one_left_and_refuses_a_link(trai
         (tmp_path / "link").symlink_to(tmp_path / "empty")
         with pytest.raises(UserError, match="exists; choose another"):
             export_hf(load(trained), tmp_path / "link")
+
+
+def test_a_study_on_a_full_disk_names_the_runs_that_failed(tmp_path, monkeypatch):
+    """Runs that failed on a full disk, then the report that could not be written: the line names the runs (and
+    says their error.txt holds why), not only the plot that failed last."""
+    from recurvit.study import session
+
+    def full(*a, **k):
+        raise atomic.DiskFull(tmp_path / "acc_vs_params.png", OSError(errno.ENOSPC, "No space left on device"))
+    monkeypatch.setattr(session, "write_report", full)
+
+    class Study:
+        results, name = tmp_path, "tiny"
+    rows = [{"run_id": "a__seed=0", "error": "cannot write last.pt: no space left on device"},
+            {"run_id": "a__seed=1", "acc_T": 0.5}, {"run_id": "b__seed=0", "error": "no space"}]
+    with pytest.raises(UserError) as e:
+        session._report(Study, tmp_path, rows, False, False, tmp_path / "s.yaml", "recurvit study s.yaml")
+    line = str(e.value)
+    assert "\n" not in line and "2 of 3 runs failed (a__seed=0, b__seed=0" in line and "acc_vs_params.png" in line
+    with pytest.raises(atomic.DiskFull):  # no run failed: the disk-full line as it was
+        session._report(Study, tmp_path, rows[1:2], False, False, tmp_path / "s.yaml", "recurvit study s.yaml")

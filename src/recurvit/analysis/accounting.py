@@ -298,3 +298,19 @@ def account(model_name_or_model: Union[str, nn.Module], batch: int = 8, device: 
         "num_heads": cfg.num_heads if cfg is not None else None,
         "depth": cfg.depth if cfg is not None else None,
     }
+
+
+def account_preset(name: str, overrides: Dict[str, Any], device: torch.device, batch: int = 8, memory: bool = True,
+                   steps: Optional[int] = None, force: bool = False) -> Dict[str, Any]:
+    """:func:`account` of preset ``name`` with ``overrides`` on ``device``, priced first
+    (:func:`~recurvit.analysis.budget.check_account_cost`; ``force`` measures anyway); a value the model
+    refuses is a UserError."""
+    from ..errors import UserError
+    from .budget import check_account_cost
+
+    try:
+        model = create_model(name, **overrides).to(device)
+        check_account_cost(model, device, batch, steps, memory, force)
+        return account(model, batch=batch, device=device, memory=memory, run_steps=steps)
+    except ValueError as e:
+        raise UserError(str(e)) from None

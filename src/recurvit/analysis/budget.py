@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -158,3 +158,35 @@ def check_applications_cost(run: Callable[[], object], applications: int, total_
         raise UserError(f"{setting} would take about {seconds / 3600:,.0f} h here ({batches} batches, "
                         f"{total_applications:,} block applications each); choose fewer, or --force")
     return seconds
+
+
+def check_loader_cost(model: nn.Module, loader, device: torch.device, steps: int, batches: int,
+                      force: bool = False) -> Dict[str, float]:
+    """:func:`check_eval_cost` of ``batches`` batches of ``loader`` (one of them timed) at ``steps`` steps."""
+    return check_eval_cost(model, next(iter(loader))[0].to(device), steps, batches,
+                           keeps_states=model.core.keeps_states, force=force)
+
+
+def check_images_cost(model: nn.Module, images: int, batch_size: int, steps: int, force: bool = False,
+                      side: Optional[int] = None) -> Dict[str, float]:
+    """:func:`check_eval_cost` for ``images`` images of the model's own input size, or of ``side`` pixels (a
+    dense model's largest input: mazes of any size), no loader at hand."""
+    c, device = model.cfg, next(model.parameters()).device
+    side = side or c.img_size
+    x = torch.zeros(max(1, min(images, batch_size)), c.in_chans, side, side, device=device)
+    return check_eval_cost(model, x, steps, -(-images // batch_size), keeps_states=model.core.keeps_states,
+                           force=force)
+
+
+def check_account_cost(model: nn.Module, device: torch.device, batch: int, steps: Optional[int] = None,
+                       memory: bool = True, force: bool = False) -> None:
+    """The accounting of ``model`` priced first (``force`` skips the refusal): a forward and a backward pass at
+    the steps it runs (``steps=1000000000000`` would run for days), and, with ``memory``, the training memory
+    of a batch of ``batch`` images."""
+    c = model.cfg
+    shape = (c.in_chans, c.img_size, c.img_size)
+    k = steps or model.nominal_steps
+    check_eval_cost(model, torch.zeros(1, *shape, device=device), k, 3, force=force,
+                    setting="--steps" if steps else "steps")
+    if memory:
+        check_train_memory(model, shape, k, batch, device, f"--batch-size {batch:,} at {k:,} steps", force=force)

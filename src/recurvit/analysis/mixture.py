@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Dict, Iterable
+from typing import Any, Dict, Iterable, Optional
 
 import torch
 import torch.nn as nn
 
+from ..errors import UserError
 from ..plot_style import wrap
-from ..run.outputs import save_figure, write_text
+from ..run.outputs import output_dir, save_figure, write_text
 
 
 @torch.no_grad()
@@ -98,3 +99,33 @@ def plot_mixture(examples: torch.Tensor, images: torch.Tensor, mean: torch.Tenso
         fig.suptitle(wrap(title, 1.6 * (r + 1) - 0.3, 9), fontsize=9)
 
     save_figure(fig, path)
+
+
+def mixture_run(path: Path, examples: int = 4, out: Optional[Path] = None, device: str = "auto",
+                data_root: Optional[str] = None, force: bool = False) -> Dict[str, Any]:
+    """The mixture weights of the SoftMoR run at ``path`` over its test split, priced first (``force``: run
+    anyway): mixture.png (the first ``examples`` test images) and mixture_mean.csv written into ``out``
+    (default: the run directory). Returns the result as ``recurvit mixture --json`` prints it."""
+    from .budget import check_loader_cost
+    from .trained import open_classifier
+
+    path = Path(path)
+    model, cfg, dev, test_loader, info = open_classifier(path, device, data_root)
+    try:
+        check_loader_cost(model, test_loader, dev, model.nominal_steps, len(test_loader), force=force)
+        res = mixture_weights(model, test_loader, dev, images=examples)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    out = output_dir(out or (path if path.is_dir() else path.parent))
+    n = res["examples"].shape[0]
+    imgs = next(iter(test_loader))[0][:n]
+    mean_t = res["mean"]
+    std = torch.tensor(info.std).view(-1, 1, 1)
+    mu = torch.tensor(info.mean).view(-1, 1, 1)
+    runs_as = model.cfg.core_cls.describe(model.cfg)
+    plot_mixture(res["examples"], (imgs * std + mu).clamp(0, 1), mean_t, out / "mixture.png",
+                 title=f"{cfg.model.name}: {runs_as}")
+    write_mean_csv(mean_t, out / "mixture_mean.csv")
+    return {"run": str(path), "runs_as": runs_as, "mean_weight_per_step": mean_t.mean(dim=0).tolist(),
+            "mean_weight_per_unit_step": mean_t.tolist(), "png": str(out / "mixture.png"),
+            "csv": str(out / "mixture_mean.csv")}

@@ -95,48 +95,26 @@ def load_trained(path, **options):
 
 
 def open_trained(args, loaded=None, **options):
-    """(model on its device, config, device, test loader, data info) of the classifier a command reads (a run
-    directory, a checkpoint or an exported model): its weights (``options``: core options to run it with;
-    NaN weights refused), ``--data-root`` applied, the device of ``--device`` and the run's test split.
-    ``loaded``: the run as :func:`load_trained` already read it (not read again)."""
-    from ..run.checkpoint import check_finite
-    from ..run.device import pick_device
-    from ..run.loaders import build_test_loader
-    from ..run.preprocessing import check_classes
+    """:func:`recurvit.analysis.trained.open_classifier` of RUN with ``--device`` and ``--data-root``: (model on
+    its device, config, device, test loader, data info). ``loaded``: the run as :func:`load_trained` read it."""
+    from ..analysis.trained import open_classifier
 
-    loaded = (loaded if loaded is not None else load_trained(args.run, **options)).classifier(args.run)
-    if loaded.checkpoint is None and not (loaded.data_record or {}).get("name"):
-        raise UserError(f"{args.run} does not say which data set its model was trained on; evaluate the run "
-                        "directory it came from")
-    model, cfg = loaded.model, loaded.config
-    check_finite(model, args.run)  # NaN weights would report meaningless figures (a constant argmax)
-    apply_data_root(cfg, getattr(args, "data_root", None))
-    device = pick_device(args.device)
-    test_loader, info = build_test_loader(cfg)
-    check_classes(loaded.data_record, info, args.run)  # another data set's classes: one line, not a figure
-    return model.to(device), cfg, device, test_loader, info
+    return open_classifier(args.run, args.device, getattr(args, "data_root", None), loaded, **options)
 
 
 def check_cost(model, loader, device, steps: int, batches: int, args) -> None:
     """The time / memory estimate of ``batches`` batches at ``steps`` steps (``--force`` overrides)."""
-    from ..analysis.budget import check_eval_cost
+    from ..analysis.budget import check_loader_cost
 
-    check_eval_cost(model, next(iter(loader))[0].to(device), steps, batches,
-                    keeps_states=model.core.keeps_states, force=args.force)
+    check_loader_cost(model, loader, device, steps, batches, force=args.force)
 
 
 def check_cost_of(model, images: int, batch_size: int, steps: int, args, side: Optional[int] = None) -> None:
     """:func:`check_cost` for ``images`` images of the model's own input size, or of ``side`` pixels (a
-    dense model's largest input: mazes of any size), no loader at hand."""
-    import torch
+    dense model's largest input), no loader at hand."""
+    from ..analysis.budget import check_images_cost
 
-    from ..analysis.budget import check_eval_cost
-
-    c, device = model.cfg, next(model.parameters()).device
-    side = side or c.img_size
-    x = torch.zeros(max(1, min(images, batch_size)), c.in_chans, side, side, device=device)
-    check_eval_cost(model, x, steps, -(-images // batch_size), keeps_states=model.core.keeps_states,
-                    force=getattr(args, "force", False))
+    check_images_cost(model, images, batch_size, steps, force=getattr(args, "force", False), side=side)
 
 
 def fmt_int(n) -> str:
@@ -150,6 +128,25 @@ def config_and_overrides(items: List[str]):
     if len(config) > 1:
         raise UserError(f"expected at most one config file, got {', '.join(config)}")
     return (config[0] if config else None), overrides
+
+
+def comma_ints(text: str, what: str, minimum: int = 0) -> List[int]:
+    """``"1,2"`` -> ``[1, 2]``: the integers (each >= ``minimum``) of option ``what``, one line if not."""
+    try:
+        vals = [int(v) for v in str(text).split(",") if v.strip() != ""]
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated integers, got '{text}'") from None
+    if not vals or min(vals) < minimum:
+        raise UserError(f"{what} must be integers >= {minimum}, got '{text}'")
+    return vals
+
+
+def comma_floats(text: str, what: str) -> List[float]:
+    """``"0,0.5"`` -> ``[0.0, 0.5]``: the numbers of option ``what``, one line if not."""
+    try:
+        return [float(v) for v in str(text).split(",") if v.strip() != ""]
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated numbers, got '{text}'") from None
 
 
 def load_run_config(args, load, default_path: str):
@@ -176,20 +173,6 @@ def load_run_config(args, load, default_path: str):
     if config is not None:
         raise UserError("--resume reads the run's own config.yaml; give only key=value overrides with it")
     return load(args.resume / "config.yaml", overrides)
-
-
-SHIPPED_DATA = ("digits", "synthetic")  # data sets that live in the package: no folder to point at
-
-
-def apply_data_root(cfg, root) -> None:
-    """``--data-root DIR``: where the run's data set lives now (overrides data.root); an error for a data
-    set that has no folder, instead of silently evaluating on the shipped data."""
-    if not root:
-        return
-    if cfg.data.name in SHIPPED_DATA:
-        raise UserError(f"--data-root does not apply: this run's data set is {cfg.data.name}, which ships with "
-                        "the package (there is no folder to read)")
-    cfg.data.root = str(root)
 
 
 def launch_processes(args, cfg, out, command: List[str]) -> int:

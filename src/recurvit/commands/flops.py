@@ -22,8 +22,9 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ..analysis.accounting import account
+    from ..analysis.accounting import account_preset
     from ..models import list_models
+    from ..run.device import pick_device
 
     if args.list or not args.model:
         print("\n".join(list_models()))
@@ -32,17 +33,9 @@ def run(args) -> int:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.steps is not None and args.steps < 1:
         raise UserError(f"--steps must be >= 1, got {args.steps}")
-    from ..run.device import pick_device
-
     device = pick_device(args.device)
-    try:
-        from ..models import create_model
-
-        model = create_model(args.model, **parse_overrides(args.overrides)).to(device)
-        _check_cost(model, args, device)
-        res = account(model, batch=args.batch_size, device=device, memory=not args.no_memory, run_steps=args.steps)
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    res = account_preset(args.model, parse_overrides(args.overrides), device, args.batch_size,
+                         memory=not args.no_memory, steps=args.steps, force=args.force)
     if args.json:
         print_json(res)
         return 0
@@ -59,20 +52,3 @@ def run(args) -> int:
     for k, v in rows:
         print(f"  {k:<34}{v:>18}")
     return 0
-
-
-def _check_cost(model, args, device) -> None:
-    """The measurement priced first (``--force`` overrides): a forward and a backward pass at the steps it
-    runs (``steps=1000000000000`` would run for days), and the training memory of ``--batch-size``."""
-    import torch
-
-    from ..analysis.budget import check_eval_cost, check_train_memory
-
-    c = model.cfg
-    shape = (c.in_chans, c.img_size, c.img_size)
-    steps = args.steps or model.nominal_steps
-    setting = "--steps" if args.steps else "steps"
-    check_eval_cost(model, torch.zeros(1, *shape, device=device), steps, 3, force=args.force, setting=setting)
-    if not args.no_memory:
-        check_train_memory(model, shape, steps, args.batch_size, device, f"--batch-size {args.batch_size:,} at "
-                           f"{steps:,} steps", force=args.force)

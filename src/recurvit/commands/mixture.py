@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from . import add_run_args, check_cost, open_trained, print_json
+from . import add_run_args, print_json
 
 
 def add_parser(sub):
@@ -19,33 +19,16 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ..analysis.mixture import mixture_weights, plot_mixture, write_mean_csv
+    from ..analysis.mixture import mixture_run
+
     if args.examples < 1:
         raise UserError(f"--examples must be >= 1, got {args.examples}")
-    model, cfg, device, test_loader, info = open_trained(args)
-    try:
-        check_cost(model, test_loader, device, model.nominal_steps, len(test_loader), args)
-        res = mixture_weights(model, test_loader, device, images=args.examples)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    from ..run.outputs import output_dir
-
-    out = output_dir(args.out or (args.run if args.run.is_dir() else args.run.parent))
-    n = res["examples"].shape[0]
-    imgs = next(iter(test_loader))[0][:n]
-    mean_t = res["mean"]
-    std = __import__("torch").tensor(info.std).view(-1, 1, 1)
-    mu = __import__("torch").tensor(info.mean).view(-1, 1, 1)
-    plot_mixture(res["examples"], (imgs * std + mu).clamp(0, 1), mean_t, out / "mixture.png",
-                 title=f"{cfg.model.name}: {model.cfg.core_cls.describe(model.cfg)}")
-    write_mean_csv(mean_t, out / "mixture_mean.csv")
-    per_step = mean_t.mean(dim=0).tolist()
+    res = mixture_run(args.run, args.examples, args.out, device=args.device, data_root=args.data_root,
+                      force=args.force)
     if args.json:
-        print_json({"run": str(args.run), "runs_as": model.cfg.core_cls.describe(model.cfg),
-                    "mean_weight_per_step": per_step, "mean_weight_per_unit_step": mean_t.tolist(),
-                    "png": str(out / "mixture.png"), "csv": str(out / "mixture_mean.csv")})
+        print_json(res)
     else:
         print("mean weight per recursion step (over units and test tokens): "
-              + "  ".join(f"step {i + 1}: {w:.3f}" for i, w in enumerate(per_step)))
-        print(f"wrote {out / 'mixture.png'} and {out / 'mixture_mean.csv'}")
+              + "  ".join(f"step {i + 1}: {w:.3f}" for i, w in enumerate(res["mean_weight_per_step"])))
+        print(f"wrote {res['png']} and {res['csv']}")
     return 0

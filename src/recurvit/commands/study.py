@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import UserError
@@ -36,6 +35,11 @@ def add_parser(sub):
                         "or a machine sharing the disk): train the runs no worker holds; the last worker to end "
                         "writes the report (with no other worker, the same as without --join)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of the report")
+    _add_cluster_args(p)
+    return p
+
+
+def _add_cluster_args(p) -> None:
     c = p.add_argument_group("cluster (--launcher submitit)", "each pending run is one job; a preempted or timed-out "
                              "job is requeued and resumes from its last checkpoint; this command waits for the jobs "
                              "and writes the report")
@@ -58,7 +62,6 @@ def add_parser(sub):
     c.add_argument("--slurm-arg", action="append", default=None, metavar="KEY=VALUE",
                    help="another sbatch option, e.g. account=myproj or qos=high (repeatable)")
     c.add_argument("--poll", type=float, default=None, metavar="S", help="seconds between job status checks (default 30)")
-    return p
 
 
 CLUSTER_FLAGS = ("cluster", "partition", "gpus_per_run", "cpus_per_run", "timeout_min", "max_timeouts", "mem_gb",
@@ -82,10 +85,12 @@ def cluster_options(args):
 
 
 def run(args) -> int:
-    from ..study import load_study, run_dir_root
+    from ..study.session import run_study_file
+
     workers = 1 if args.workers is None else args.workers
     if workers < 1:
         raise UserError(f"--workers must be >= 1, got {workers}")
+    opts = None
     if args.launcher == "submitit":
         if args.workers is not None:
             raise UserError("--workers is for --launcher local; with --launcher submitit every run is its own job")
@@ -98,111 +103,36 @@ def run(args) -> int:
     if args.join and (args.report_only or args.launcher == "submitit"):
         raise UserError("--join trains runs beside another local `recurvit study`; not with "
                         + ("--report-only" if args.report_only else "--launcher submitit"))
-    study = load_study(args.study)
-    out = args.out or run_dir_root(study)
-    if args.out is not None:  # --out moves everything the study writes, its results folder too
-        study.results = Path(args.out) / "results"
-    with study_lock(Path(out), args.report_only, join=args.join) as writer:
-        return _run(args, study, Path(out), workers, opts if args.launcher == "submitit" else None, writer)
+    argv = sys.argv[2:] if sys.argv[1:2] == ["study"] else None  # the command line the report names
+    res = run_study_file(args.study, args.out, report_only=args.report_only, only=args.only, join=args.join,
+                         workers=workers, cluster=opts, progress=not args.json,
+                         invocation="" if argv is None else "recurvit study " + " ".join(shlex.quote(a) for a in argv),
+                         log=(lambda *a, **k: None) if args.json else print)
+    _show(res, args.json)
+    return 1 if res.failed else 0
 
 
-def _run(args, study, out, workers, opts, writer: bool = True) -> int:
-    from ..study import collect, run_study
-    from ..study.archive import archive, archived
-
-    from ..run.outputs import output_dir
-
-    log = (lambda *a, **k: None) if args.json else print
-    if args.report_only and args.only:
-        raise UserError("--only picks runs to train; --report-only trains none")
-    output_dir(study.results or out, "results folder")  # a file or a read-only place there: one line now, not
-    if not args.report_only:  # after hours of runs
-        output_dir(out / "runs", "runs folder")
-    from_table, saved = False, (study.results or out) / "results.csv"
-    if args.report_only:
-        rows = collect(out, study)
-        for r in rows:  # a result the results folder does not keep yet (a run of an older runner)
-            copy = archived(study, r.get("run_id", ""))
-            if copy is not None and not copy.is_file() and "error" not in r:
-                archive(study, r)
-        if not rows and saved.is_file():  # the runs are gone (another machine): rebuild from the table
-            from ..study.report import rows_from_csv
-
-            rows = rows_from_csv(saved, study)  # (a table's rows are not results: nothing is archived from them)
-            from_table = True
-        if not rows:
-            raise UserError(f"no finished runs in {out} and {'no rows in' if saved.is_file() else 'no'} {saved}; "
-                            "run the study first")
-    elif args.launcher == "submitit":
-        from ..study.launch import run_study_submitit
-
-        rows = run_study_submitit(study, out, opts, progress=not args.json, log=log, only=args.only)
-    else:
-        rows = run_study(study, out, workers=workers, progress=not args.json, log=log, only=args.only)
-    if not writer:  # joined a running study: the report is the last worker's
-        with study_lock(out, join=True) as writer:
-            if writer:  # the others have ended (rows holds what they finished: runner.finished_elsewhere)
-                return _report(args, study, out, rows, from_table, saved)
-        failed = [r for r in rows if "error" in r]
-        if args.json:
-            print_json({"study": study.name, "runs": len(rows), "failed": len(failed), "report": None, "rows": rows})
-        print(f"recurvit study: this worker ended ({len(rows) - len(failed)} runs finished, {len(failed)} failed); "
+def _show(res, as_json: bool) -> None:
+    """The rows as JSON or the report's text, and a line on stderr for failed runs or a joined worker's end."""
+    if as_json:
+        print_json({"study": res.name, "runs": len(res.rows), "failed": res.failed,
+                    "report": None if res.report is None else str(res.report), "rows": res.rows})
+    elif res.report is not None:
+        print(res.report.read_text().split("![")[0].rstrip())
+        print(f"\nwrote {res.report} and results.csv, plots beside it; runs in {res.out}")
+    if res.report is None:  # joined another worker, who writes the report
+        print(f"recurvit study: this worker ended ({len(res.rows) - res.failed} runs finished, {res.failed} failed); "
               "the worker still running writes the report when it ends", file=sys.stderr)
-        return 1 if failed else 0
-    return _report(args, study, out, rows, from_table, saved)
+    elif res.failed:
+        print(f"recurvit study: {res.failed} of {len(res.rows)} runs failed; their errors are in the report's "
+              f"'Failed runs' and in {res.out / 'runs'}/<run>/error.txt", file=sys.stderr)
 
 
-def _report(args, study, out, rows, from_table, saved) -> int:
-    from ..study import write_report
+def __getattr__(name):
+    """``study_lock``, which lives in :mod:`recurvit.study.session`, still found here (imported only when asked
+    for: building the CLI's parser imports no study code)."""
+    if name == "study_lock":
+        from ..study.session import study_lock
 
-    command = "recurvit study " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["study"] else ""
-    if args.report_only:  # the command that made the runs (the report's own), not the one that re-read them
-        from ..study.report import report_command
-
-        command = (report_command((study.results or out) / "report.md")
-                   or (command and f"recurvit study {shlex.quote(str(args.study))}    # this report: --report-only"))
-    try:
-        report = write_report(rows, study, study.results or out, command=command)
-    except (KeyError, TypeError) as e:  # rows rebuilt from a hand-edited or foreign results.csv
-        if not from_table:
-            raise
-        raise UserError(f"{saved} lacks what the report needs ({type(e).__name__}: {e}); run the study again "
-                        "to rebuild it") from None
-    failed = [r for r in rows if "error" in r]
-    if args.json:
-        print_json({"study": study.name, "runs": len(rows), "failed": len(failed), "report": str(report),
-                    "rows": rows})
-    else:
-        print(report.read_text().split("![")[0].rstrip())
-        print(f"\nwrote {report} and results.csv, plots beside it; runs in {out}")
-    if failed:
-        print(f"recurvit study: {len(failed)} of {len(rows)} runs failed; their errors are in the report's "
-              f"'Failed runs' and in {out / 'runs'}/<run>/error.txt", file=sys.stderr)
-        return 1
-    return 0
-
-
-@contextmanager
-def study_lock(out: Path, reading: bool = False, join: bool = False):
-    """One writer for a study folder's report: a second `recurvit study` on the same folder is refused at
-    once, unless it ``join``s (then this yields False: it trains beside the writer, each run under its claim,
-    :func:`recurvit.study.runner.run_one_safe`; True: this process is the writer). The lock is a run
-    directory's (recurvit.run.lock), on STUDY/.study.lock."""
-    from ..run import lock
-    from ..run.outputs import output_dir
-
-    output_dir(out)
-    try:
-        fd = lock.acquire(out / ".study.lock")
-    except lock.Busy as e:
-        if join:
-            yield False
-            return
-        raise UserError(f"another `recurvit study` is writing {out} (pid {e.pid}); wait for it to end"
-                        + ("" if reading else " (or give this one another --out)")) from None
-    except OSError as e:  # (a full disk is DiskFull, one line already)
-        raise UserError(f"cannot write in {out}: {e.strerror or e}; choose a writable --out") from None
-    try:
-        yield True
-    finally:
-        lock.release(fd)
+        return study_lock
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

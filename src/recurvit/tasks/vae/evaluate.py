@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -16,10 +16,11 @@ from ...models import create_model, model_config
 from ...models.loopvae import LoopVAE, LoopVAEConfig
 from ...plot_style import wrap
 from ...run import checkpoint as ckpt_io
-from ...run.device import autocast
+from ...run.device import autocast, pick_device
 from ...run.load import load
 from ...run.outputs import save_figure
 from .config import VAERunConfig, config_from_dict
+from .data import build_vae_datasets, mean_image
 from .metrics import frechet_distance, out_of_range, psnr, ssim, to_unit
 
 TASK = "vae"  # checkpoint["task"] of runs written by `recurvit vae train`
@@ -157,4 +158,71 @@ def save_grid(model: nn.Module, dataset: Dataset, path: str | Path, device: torc
     return save_figure(fig, Path(path))
 
 
-__all__ = ["TASK", "build_vae_model", "read_vae", "load_vae_run", "evaluate_vae", "mean_image_baseline", "save_grid", "make_test_loader"]
+class VAERun(NamedTuple):
+    """A trained VAE run opened for evaluation: its model on ``device``, config, data sets and test loader."""
+
+    source: Path
+    model: nn.Module
+    cfg: VAERunConfig
+    train_set: Dataset
+    test_set: Dataset
+    loader: DataLoader
+    device: torch.device
+
+    @property
+    def folder(self) -> Path:
+        """The run directory (the checkpoint's folder when a checkpoint file was given)."""
+        return self.source if self.source.is_dir() else self.source.parent
+
+
+def open_vae_run(path: str | Path, data_root: Optional[str] = None, num_images: Optional[int] = None,
+                 device: str = "auto") -> VAERun:
+    """The VAE run at ``path`` on ``device`` with its data: ``data_root`` overrides data.root (data moved since
+    training), ``num_images`` keeps at most that many test images."""
+    model, cfg, _ = load_vae_run(path)
+    if data_root:
+        cfg.data.root = data_root
+    if num_images is not None:
+        cfg.data.max_test = num_images
+    dev = pick_device(device)
+    model.to(dev)
+    train_set, test_set, _ = build_vae_datasets(cfg.data, cfg.train.seed)
+    return VAERun(Path(path), model, cfg, train_set, test_set, make_test_loader(test_set, 256), dev)
+
+
+def evaluate_run(run: VAERun, loops=None, enc_loops=None, dec_loops=None, lpips: bool = False,
+                 lpips_weights: Optional[str] = None, vgg_weights: Optional[str] = None, rfid: bool = False,
+                 inception_weights: Optional[str] = None, grid: Optional[Path] = None) -> Dict[str, Any]:
+    """PSNR / SSIM / L1 / KL / out-of-range of ``run`` at the given loops (None: trained), LPIPS when asked or
+    given weight files, rFID likewise, against the mean-image baselines; writes the reconstruction grid
+    (default RUN/recon_grid.png). Returns the result as ``recurvit vae eval --json`` prints it."""
+    model, cfg, device = run.model, run.cfg, run.device
+    try:
+        enc, dec = model.resolve_loops(loops=loops, enc_loops=enc_loops, dec_loops=dec_loops)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    lpips_net = inception = None
+    if lpips or lpips_weights or vgg_weights:
+        from .metrics import LPIPS
+
+        lpips_net = LPIPS(vgg_weights, lpips_weights).to(device)
+    if rfid or inception_weights:
+        from .metrics import InceptionFeatures
+
+        inception = InceptionFeatures(inception_weights).to(device)
+    res = evaluate_vae(model, run.loader, device, cfg.train.amp, lpips=lpips_net, inception=inception,
+                       enc_loops=enc, dec_loops=dec)
+    base = mean_image_baseline(mean_image(run.train_set), run.loader)
+    grid_path = grid or run.folder / "recon_grid.png"
+    save_grid(model, run.test_set, grid_path, device, amp=cfg.train.amp, enc_loops=enc, dec_loops=dec)
+    return {"run": str(run.source), "model": cfg.model.name, "operator": model.cfg.operator, "core": model.cfg.core,
+            "enc_loops": enc, "dec_loops": dec, "trained_loops": model.cfg.loops,
+            "block_applications": model.block_applications(enc_loops=enc, dec_loops=dec)["total"],
+            **{k: res[k] for k in ("psnr", "ssim", "l1", "kl", "out_of_range", "n")},
+            **({"lpips": res["lpips"]} if "lpips" in res else {}), **({"rfid": res["rfid"]} if "rfid" in res else {}),
+            "baseline_mean_image_psnr": base["psnr"], "baseline_mean_image_ssim": base["ssim"],
+            "baseline_test_mean_image_psnr": base["oracle_psnr"], "grid": str(grid_path)}
+
+
+__all__ = ["TASK", "build_vae_model", "read_vae", "load_vae_run", "evaluate_vae", "mean_image_baseline", "save_grid",
+           "make_test_loader", "VAERun", "open_vae_run", "evaluate_run"]

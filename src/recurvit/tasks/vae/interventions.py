@@ -23,9 +23,10 @@ import torch
 import torch.nn as nn
 
 from ... import tables
-from ...run.outputs import save_figure
+from ...errors import UserError
+from ...run.outputs import output_dir, save_figure
 from ...run.progress import show_progress
-from .evaluate import evaluate_vae
+from .evaluate import VAERun, evaluate_vae
 
 COLUMNS = ["kind", "side", "scale", "loop", "factor", "enc_loops", "dec_loops", "block_applications",
            "psnr", "ssim", "out_of_range", "delta_psnr"]
@@ -147,4 +148,38 @@ def plot(rows: List[Dict[str, Any]], path: str | Path, title: str = "") -> Path:
     return path
 
 
-__all__ = ["COLUMNS", "intervention_specs", "run_interventions", "write_csv", "plot"]
+def check_cost(model: nn.Module, loader: Iterable, device: torch.device, specs: List[Dict[str, Any]],
+               force: bool = False) -> None:
+    """The interventions priced by their block applications before they run (``--extra 100000000``)."""
+    from ...analysis.budget import check_applications_cost
+
+    x = next(iter(loader)).to(device)  # a batch of images (the VAE's loaders carry no labels)
+    total = sum(model.block_applications(enc_loops=s["enc"], dec_loops=s["dec"])["total"] for s in specs)
+    check_applications_cost(lambda: model.eval().reconstruct(x, sample=False), model.block_applications()["total"],
+                            total, len(loader), "these interventions (--truncate / --extra / --factors)", force=force)
+
+
+def intervene_run(run: VAERun, truncate: Sequence[int] = (1, 2), extra: Sequence[int] = (1, 2, 4),
+                  factors: Sequence[float] = (0.0, 0.5, 0.9, 1.1, 2.0), loop: Optional[int] = None,
+                  sides: Sequence[str] = ("encoder", "decoder"), out: Optional[Path] = None, force: bool = False,
+                  progress: bool = True) -> Dict[str, Any]:
+    """The interventions on ``run`` (checked against its loops, priced first: ``force`` runs them anyway),
+    written as intervene.csv and intervene.png into ``out`` (default: the run directory). Returns
+    ``{"run", "csv", "plot", "rows"}`` as ``recurvit vae intervene --json`` prints it."""
+    model, cfg = run.model, run.cfg
+    most = max([*model.cfg.loops, *model.cfg.dec_loops])  # values that were clamped in silence
+    if loop is not None and not 0 <= loop < most:
+        raise UserError(f"--loop {loop}: this model's scales run loops 0..{most - 1}; choose one of them")
+    if any(k > most for k in truncate):
+        raise UserError(f"--truncate {max(truncate)} removes more loops than any scale runs ({most}); choose at most "
+                        f"{most}")
+    specs = intervention_specs(model, truncate, extra, factors, loop, sides)
+    check_cost(model, run.loader, run.device, specs, force)
+    rows = run_interventions(model, run.loader, run.device, specs, cfg.train.amp, progress=progress)
+    folder = output_dir(out or run.folder)
+    csv_path = write_csv(rows, folder / "intervene.csv")
+    png_path = plot(rows, folder / "intervene.png", title=f"{cfg.model.name}: loop interventions on {cfg.data.name}")
+    return {"run": str(run.source), "csv": str(csv_path), "plot": str(png_path), "rows": rows}
+
+
+__all__ = ["COLUMNS", "intervention_specs", "run_interventions", "write_csv", "plot", "check_cost", "intervene_run"]

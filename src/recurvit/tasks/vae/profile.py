@@ -21,15 +21,17 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from ... import tables
 from ...analysis.accounting import count_params, measure_flops
+from ...errors import UserError
 from ...models import model_config
 from ...run.device import pick_device
-from .config import VAERunConfig
+from ...run.outputs import output_dir
+from .config import VAERunConfig, apply_overrides, config_from_dict, default_config_path, load_vae_config
 from .evaluate import build_vae_model
 
 COLUMNS = ["model", "operator", "core", "params_stored", "params_effective", "block_applications",
@@ -126,4 +128,54 @@ def write_csv(rows: List[Dict[str, Any]], path: str | Path) -> Path:
     return tables.write_csv(rows, path, COLUMNS)
 
 
-__all__ = ["COLUMNS", "profile_models", "write_csv"]
+def profile_csv(out: Optional[str | Path], target: Optional[str | Path],
+                note: Optional[Callable[[str, str], None]] = None) -> Path:
+    """Where ``vae profile`` writes: OUT/vae_profile.csv; OUT defaults to the run directory profiled, else a
+    new runs/vae_profile-<time> (an ``out`` ending in .csv, the old spelling, is that file; ``note(old, new)``
+    is then told the spelling to use instead)."""
+    if out is not None and Path(out).suffix == ".csv":
+        if note is not None:
+            note("--out FILE.csv", f"--out {Path(out).parent} (a folder; the file is vae_profile.csv)")
+        return output_dir(Path(out).parent) / Path(out).name
+    if out is None:
+        out = Path(target) if target is not None and Path(target).is_dir() else \
+            Path("runs") / f"vae_profile-{time.strftime('%Y%m%d-%H%M%S')}"
+    return output_dir(Path(out)) / "vae_profile.csv"
+
+
+def profile_config(target: Optional[str | Path], overrides: Sequence[str]) -> VAERunConfig:
+    """The config profiled: a run directory's (from its checkpoint), a YAML file's or the embedded default's,
+    with ``overrides``."""
+    if target is not None and Path(target).is_dir():
+        from ...run import checkpoint as ckpt_io
+
+        ckpt = ckpt_io.load_checkpoint(ckpt_io.resolve_checkpoint(target))
+        return apply_overrides(config_from_dict(ckpt["config"]), list(overrides))
+    return load_vae_config(target or default_config_path(), list(overrides))
+
+
+def profile_vae(target: Optional[str | Path] = None, overrides: Sequence[str] = (), operators: str = "conv,transformer",
+                matched: bool = True, batch: int = 16, repeats: int = 5, device: str = "auto", threads: int = 0,
+                out: Optional[str | Path] = None, note: Optional[Callable[[str, str], None]] = None) -> Dict[str, Any]:
+    """:func:`profile_models` of a config or run directory (``target``, with ``overrides``) for the comma-separated
+    ``operators``, on ``threads`` CPU threads (0: torch's default), written to :func:`profile_csv` ``(out,
+    target)``. Returns ``{"csv", "rows"}`` as ``recurvit vae profile --json`` prints it."""
+    from .data import build_vae_datasets
+    from .task import resolve_vae_config
+
+    cfg = profile_config(target, overrides)
+    ops = [o.strip() for o in operators.split(",") if o.strip()]
+    if not ops or any(o not in ("conv", "transformer") for o in ops):
+        raise UserError(f"--operators takes conv and/or transformer, got '{operators}'")
+    if batch < 1 or repeats < 1:
+        raise UserError("--batch-size and --repeats must be >= 1")
+    if threads > 0:
+        torch.set_num_threads(threads)
+    if cfg.model.img_size is None or cfg.model.in_chans is None:
+        _, _, info = build_vae_datasets(cfg.data, cfg.train.seed)
+        cfg = resolve_vae_config(cfg, info)
+    rows = profile_models(cfg, ops, matched=matched, batch=batch, repeats=repeats, device=device)
+    return {"csv": str(write_csv(rows, profile_csv(out, target, note))), "rows": rows}
+
+
+__all__ = ["COLUMNS", "profile_models", "write_csv", "profile_csv", "profile_config", "profile_vae"]

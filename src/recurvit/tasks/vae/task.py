@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -217,3 +217,12 @@ def train_vae(cfg: VAERunConfig, out: Path, resume: bool = False, log: Callable 
 
     ``stop_after=k`` stops after epoch k as an interruption would (the run can be resumed)."""
     return fit(VAETask(cfg), out, resume=resume, log=log, stop_after=stop_after)
+
+
+def train_vae_run(cfg: VAERunConfig, out: Optional[Path], resume: bool = False,
+                  log: Callable = print) -> Tuple[Optional[Path], Dict[str, float]]:
+    """:func:`train_vae`, returning (the run directory, the last metrics); the run directory is None on every
+    rank of a process group but the one that writes it."""
+    task = VAETask(cfg)
+    metrics = fit(task, out, resume=resume, log=log)
+    return (task.run_dir if dist_io.launched_main() else None), metrics
