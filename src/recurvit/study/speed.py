@@ -7,7 +7,8 @@ read through three checks, in this order:
 
 1. **load**: the file records the machine's 1-minute load average before and during the timing and its
    cores (``<p>load_before``, ``<p>load_during``, ``<p>cores``; the measurement's own threads
-   ``<p>threads``, default 1, are not counted against it). Above :data:`LOAD_LIMIT` per core, or with no
+   ``<p>threads``, default 1, are not counted against it: the reading before follows the run's own warm-up
+   calls). Above :data:`LOAD_LIMIT` per core, or with no
    record, the claim decides nothing: **not measured: loaded** / **not measured: load not recorded**
    (a benchmark JSON: ``load_before``, ``load_after``, ``cores``, else its own ``loaded`` mark);
 2. **interval**: a ``min`` bound decides on the lower end of the figure's 95% interval (``<p>speedup_lo``;
@@ -47,12 +48,15 @@ def _prefix(column: str) -> str:
     return column[: -len(SUFFIX)]
 
 
-def loaded(before: Optional[float], during: Optional[float], cores: Optional[float], threads: float = 1.0) -> str:
-    """"" on a quiet machine, else :data:`LOADED` or :data:`UNRECORDED`."""
+def loaded(before: Optional[float], during: Optional[float], cores: Optional[float], threads: float = 1.0,
+           own_before: bool = False) -> str:
+    """"" on a quiet machine, else :data:`LOADED` or :data:`UNRECORDED`. The measurement's own ``threads`` are
+    not counted against the reading during it, nor against the one before it where that reading follows the
+    measuring process's own work (``own_before``: a run's evaluator reads it after its warm-up calls)."""
     if before is None or during is None or not cores:
         return UNRECORDED
     limit = LOAD_LIMIT * cores
-    return LOADED if before > limit or during - threads > limit else ""
+    return LOADED if before - (threads if own_before else 0.0) > limit or during - threads > limit else ""
 
 
 def ceiling(row: Row, column: str) -> Tuple[Optional[float], str]:
@@ -93,7 +97,7 @@ def read(row: Row, column: str, bound: Mapping[str, float]) -> Reading:
     if top is not None and mean > top + 1e-9:  # flagged whatever else holds: the figure is not reported
         shown = f"flagged: above its compute ceiling of {top:.3g}x ({how})"
     state = loaded(as_number(row.get(p + "load_before")), as_number(row.get(p + "load_during")),
-                   as_number(row.get(p + "cores")), as_number(row.get(p + "threads")) or 1.0)
+                   as_number(row.get(p + "cores")), as_number(row.get(p + "threads")) or 1.0, own_before=True)
     end = lo if "min" in bound else hi
     if not state and end is None:
         state = NO_INTERVAL
