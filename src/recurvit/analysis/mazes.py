@@ -1,4 +1,4 @@
-"""Thinking longer on larger mazes (issue 40): pixel accuracy and solved after every iteration 1..K at
+"""Thinking longer on larger mazes: pixel accuracy and solved after every iteration 1..K at
 every maze size, and two per-input rules for how long to iterate, all from ONE pass of K block
 applications per batch (``model.iter_states``: no prefix is re-run), as :mod:`.horizon` does.
 
