@@ -84,6 +84,38 @@ def test_a_new_evaluator_is_one_class_and_one_entry_and_runs_only_where_missing(
     assert Brightness.calls == 2 and not horizon_calls
 
 
+class Broken(Evaluator):
+    """An evaluator that fails on this machine (as a study's data set missing here would)."""
+
+    name = "broken"
+    defaults = {"images": 8}
+
+    def __call__(self, run, options):
+        raise RuntimeError("the data set is not on this machine")
+
+
+def test_a_failed_evaluation_again_keeps_the_runs_stored_result(tmp_path, monkeypatch):
+    """A finished run evaluated again (a new evaluator) whose evaluation fails keeps its stored result in the
+    rows and in the report: a committed row does not turn into a failure on a machine that cannot evaluate it."""
+    study = _study(tmp_path, "  max_steps_factor: 1")
+    out = tmp_path / "runs"
+    first = {r["run_id"]: r for r in run_study(study, out, progress=False, log=lambda *a: None)}
+    assert all(r["train_threads"] == torch.get_num_threads() for r in first.values())  # what its float sums used
+    monkeypatch.setitem(classify_eval.EVALUATORS, "broken", Broken())
+    study = _study(tmp_path, "  max_steps_factor: 1\n  broken: {images: 8}")
+    lines = []
+    rows = {r["run_id"]: r for r in run_study(study, out, progress=False, log=lines.append)}
+    assert all("error" not in r for r in rows.values())
+    assert {k: r["acc_T"] for k, r in rows.items()} == {k: r["acc_T"] for k, r in first.items()}
+    assert sum("evaluating it again failed (RuntimeError: the data set is not on this machine)" in line
+               for line in lines) == 2
+    # without a stored copy, the failure is the row
+    for k in first:
+        (tmp_path / "res" / "runs" / k / "result.json").unlink()
+    rows = run_study(study, out, progress=False, log=lambda *a: None)
+    assert all("error" in r for r in rows)
+
+
 def test_bad_evaluator_entries_are_one_line_errors(tmp_path):
     for lines, words in [("  nothing: {}", "unknown evaluator 'eval.nothing'"),
                          ("  per_step: {imgs: 3}", "per_step has no option imgs"),

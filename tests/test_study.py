@@ -65,6 +65,16 @@ def test_study_runs_grid_resumes_and_reports(study_file, tmp_path):
         assert (study.results / png).stat().st_size > 1000
 
 
+def test_only_given_twice_adds_its_patterns():
+    """`--only 'a__*' --only 'b__*'` picks both cells (argparse's default would keep the last --only alone and
+    leave the first cell's runs untouched without a word)."""
+    from recurvit.cli import build_parser
+
+    args = build_parser().parse_args(["study", "s.yaml", "--only", "a__*", "--only", "b__*", "c__seed=0"])
+    assert args.only == ["a__*", "b__*", "c__seed=0"]
+    assert build_parser().parse_args(["study", "s.yaml"]).only == []
+
+
 @pytest.mark.slow
 def test_only_runs_the_chosen_runs_and_the_report_names_the_rest(study_file, tmp_path, capsys):
     out = tmp_path / "study"

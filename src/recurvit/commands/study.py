@@ -27,9 +27,10 @@ def add_parser(sub):
     p.add_argument("--out", type=Path, help="study directory for the runs (default: the study's runs: entry, "
                                            "else runs/studies/<name>)")
     p.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs, train nothing")
-    p.add_argument("--only", nargs="+", default=(), metavar="PATTERN",
-                   help="run only the runs whose id matches a pattern (shell-style: 'rk4__*' 'euler__seed=0'); "
-                        "the report covers every finished run and names the ones not run yet")
+    p.add_argument("--only", nargs="+", action="extend", default=[], metavar="PATTERN",
+                   help="run only the runs whose id matches a pattern (shell-style: 'rk4__*' 'euler__seed=0'; "
+                        "--only given twice adds its patterns); the report covers every finished run and names "
+                        "the ones not run yet")
     p.add_argument("--join", action="store_true",
                    help="work beside a `recurvit study` already running on the same study folder (another terminal, "
                         "or a machine sharing the disk): train the runs no worker holds; the last worker to end "

@@ -55,6 +55,10 @@ def run_one(task: str, base: str, overrides: List[str], out: str, eval_spec: Dic
     t0 = time.perf_counter()
     import_registrants(imports)  # a fresh process (a spawned worker, a cluster job): tasks added at run time
     res = view_of(task).run(base, overrides, out_p, eval_spec, nproc=nproc, threads=threads)
+    if previous is None:  # the threads it trained with: one thread and two give different float sums
+        import torch
+
+        res["train_threads"] = torch.get_num_threads()
     record = eval_spec
     if previous is not None:
         record = {**recorded(previous), **eval_spec}
@@ -204,9 +208,30 @@ def take(study: Study, res: Dict[str, Any], done: List[Dict[str, Any]], held: Li
         held.append(res["run_id"])
         log(f"  {res['run_id']}: another worker holds it (pid {res['held']}); left to that worker")
         return
+    stored = kept_result(study, res)
+    if stored is not None:  # a finished run evaluated again, and the new evaluation failed: its result stays
+        done.append(stored)
+        log(f"  {res['run_id']}: evaluating it again failed ({res['error']}); its stored result stays in the "
+            "report (the evaluators it lacks are asked again next time)")
+        return
     done.append(res)
     archive(study, res)
     log(f"  {_line(res)}")
+
+
+def kept_result(study: Study, res: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """For a failed run, the result the study's results folder keeps for it (None: it has none, or ``res`` did
+    not fail): a run evaluated again on a machine that lacks its data must not turn its committed row into a
+    failure."""
+    if "error" not in res:
+        return None
+    copy = archived(study, res.get("run_id", ""))
+    if copy is None or not copy.is_file():
+        return None
+    try:
+        return read_result(copy)
+    except UserError:  # an earlier recurvit's result: the failure is what to report
+        return None
 
 
 def finished_elsewhere(study: Study, out: Path, held: Sequence[str], log=print) -> List[Dict[str, Any]]:
