@@ -5,7 +5,7 @@
 Both contenders load the same training batches (batch 128, one process, one thread) through the same
 ``DataLoader`` from the same ``TensorImageDataset``; only the per-item transform differs:
 torchvision's ``v2.Compose([RandomCrop(pad), RandomHorizontalFlip(), ToDtype, Normalize])`` (the peer)
-and ``PadCropFlipNormalize``, which returns the same tensors bit for bit (``tests/test_data.py``).
+and ``PadCropFlipNormalize``, which returns the same tensors bit for bit (``tests/data/test_transforms.py``).
 Timing is interleaved (each round times both, order alternating) on the process's CPU time, and the
 figure is the median per-round ratio. Writes ``benchmarks/results/data-<machine>.md``.
 """

@@ -11,7 +11,7 @@ weights are allocated or initialised, nothing is downloaded) and counted by
 ``recurvit flops``, reports -- with the calls of each core block in one forward pass counted by
 hooks. Parameter counts depend only on shapes, and the FLOP counter counts from shapes too, so the
 figures are those of ``recurvit flops NAME KEY=VALUE --device meta --no-memory`` (and of the CPU:
-tests/test_accounting.py checks the counter against the closed form on both). Conventions (see
+tests/analysis/test_accounting.py checks the counter against the closed form on both). Conventions (see
 accounting.py): ``params_stored`` = values kept in memory, ``params_effective`` = the equivalent
 unshared network (each block counted once per application), FLOPs = torch's flop counter (2 per
 multiply-add; matmuls, convolutions and attention only), per image.

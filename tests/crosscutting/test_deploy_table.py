@@ -1,0 +1,141 @@
+"""benchmarks/deploy_table.py (the deployment table) on a tiny digits run: every row and column is
+there, int8 stores fewer bytes, and the certified exit's threshold is calibrated on the run's validation
+split only: the test split is not read until the threshold is fixed (a counting wrapper around it), and the
+calibration images are exactly the held-out part of the training split."""
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+TRAIN = ["model.embed_dim=32", "model.num_heads=2", "model.steps=3", "train.batch_size=32", "train.progress=false",
+         "train.epochs=4", "train.lr=5e-3", "train.warmup_epochs=0.5", "train.supervision.stages=3",
+         "data.holdout=0.2"]
+
+
+@pytest.fixture(scope="module")
+def table():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import deploy_table
+    finally:
+        sys.path.remove(str(BENCH))
+    return deploy_table
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from recurvit.cli import main
+
+    out = tmp_path_factory.mktemp("table_run") / "digits-bvit"
+    assert main(["train", *TRAIN, "--out", str(out), "--json"]) == 0
+    return out
+
+
+class Counting(torch.utils.data.Dataset):
+    """The test split, counting its reads: ``reads`` in all, and ``during`` those made while ``busy`` is set."""
+
+    def __init__(self, ds):
+        self.ds, self.reads, self.during, self.busy = ds, 0, 0, False
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        self.during += self.busy
+        return self.ds[i]
+
+
+def test_the_table_has_every_row_and_column_and_calibrates_on_the_validation_split_only(table, run, tmp_path,
+                                                                                      monkeypatch, capsys):
+    from recurvit.config import load_config
+    from recurvit.data import build_datasets
+    from recurvit.data.calibration import holdout_split
+    from recurvit.run.loaders import run_data
+
+    seen = {}
+    splits, certify = table.held_out_sets, table.certified_threshold
+
+    def counted_splits(cfg):
+        val, test = splits(cfg)
+        seen["test"] = Counting(test)
+        seen["before_certificate"] = None
+        return val, seen["test"]
+
+    def watched_certify(prog, calibration, **kw):
+        seen["before_certificate"] = seen["test"].reads  # test images read before the threshold was fixed
+        seen["test"].busy = True
+        try:
+            seen["calibration"] = calibration
+            seen["kw"] = kw
+            return certify(prog, calibration, **kw)
+        finally:
+            seen["test"].busy = False
+
+    monkeypatch.setattr(table, "held_out_sets", counted_splits)
+    monkeypatch.setattr(table, "certified_threshold", watched_certify)
+    out = tmp_path / "deploy.md"
+    # epsilon 5 points: the 287 held-out digits cannot certify 0.5 points (that takes >= 460 images), and the
+    # exit row should be exercised
+    assert table.main([str(run), "--out", str(out), "--rounds", "1", "--calls", "2", "--epsilon", "0.05",
+                       "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+
+    # calibrated on the held-out part of the training split, and the test split untouched until then
+    train, test, _ = build_datasets(run_data(load_config(run / "config.yaml")))
+    held = holdout_split(train.dataset, test, 0.2)
+    assert seen["before_certificate"] == 0 and seen["test"].during == 0
+    assert seen["test"].reads == len(test)  # read once, after the certificate, for the accuracy column
+    assert torch.equal(seen["calibration"], torch.stack([held[i][0] for i in range(len(held))]))
+    assert seen["kw"]["epsilon"] == 0.05 and seen["kw"]["delta"] == 0.1
+
+    (r,) = res["runs"]
+    cert = r["certificate"]
+    assert cert["n"] == len(held) == cert["calibration_images"] and cert["epsilon"] == 0.05
+    names = [row["runs_as"] for row in r["rows"]]
+    assert names[:5] == ["eager", "onnx", "onnx int8", "steps", "steps int8"]
+    rows = {row["runs_as"]: row for row in r["rows"]}
+    for row in r["rows"]:
+        assert row["weights_bytes"] > 0 and row["p99_ms"] >= row["p50_ms"] > 0 and row["images_per_s"] > 0
+        assert 0.3 < row["accuracy"] <= 1 and row["memory"]["peak"] > 0  # a fresh process held the model
+    assert rows["onnx int8"]["weights_bytes"] < 0.5 * rows["onnx"]["weights_bytes"]
+    assert rows["steps int8"]["weights_bytes"] < 0.5 * rows["steps"]["weights_bytes"]
+    # the exported programs answer as the model does (the same weights, fp32)
+    assert abs(rows["steps"]["accuracy"] - rows["eager"]["accuracy"]) < 0.01
+    assert abs(rows["onnx"]["accuracy"] - rows["eager"]["accuracy"]) < 0.01
+    text = out.read_text()
+    assert text.startswith("Generated by `python benchmarks/deploy_table.py ") and "do not edit by hand" in text
+    assert "| " + " | ".join(table.COLUMNS) + " |" in text and "Load average" in text
+    assert "the weights are last.pt: nothing was chosen on that split" in text  # the default --checkpoint
+    if cert["certified"]:  # a 3-stage deep-supervised model of 3 steps: some images exit early
+        assert names[5] == table.EXIT and rows[table.EXIT]["mean_steps"] <= 3
+        assert "Certified exit: max-softmax threshold" in text and 0 <= cert["test_disagreement"] <= 1
+    else:
+        assert "no certified savings" in text and len(names) == 5
+
+
+def test_the_int8_table_follows_the_error_over_every_step(run, tmp_path):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import int8_steps
+    finally:
+        sys.path.remove(str(BENCH))
+    out = tmp_path / "int8.md"
+    assert int8_steps.main([str(run), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("Generated by `python benchmarks/int8_steps.py ") and "do not edit by hand" in text
+    rows = [ln for ln in text.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert [int(r.split("|")[1]) for r in rows] == [1, 2, 3]  # every step of the 3-step run
+    errors = [float(r.split("|")[5]) for r in rows]
+    assert all(e > 0 for e in errors)  # int8 changed the state at every step
+    assert "Test accuracy at the trained depth: fp32 " in text
+    pt2e = re.search(r"PT2E .* test accuracy ([\d.]+)% against eager fp32 ([\d.]+)% .* same answer as fp32 on ([\d.]+)%", text)
+    assert pt2e and 0 <= float(pt2e[1]) <= 100 and 50 <= float(pt2e[3]) <= 100  # int8 keeps most answers
