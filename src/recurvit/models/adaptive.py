@@ -5,7 +5,7 @@
 ``logits`` (B, classes) is each image's readout after the step at which it exited, ``steps`` (B,)
 that step. The readout after step k is ``model.forward_head(model.norm(z_k), step=k)`` (the stage
 head of step k when there are several), so an image that exits at step k gets exactly the logits of
-``model(x, steps=k)`` (tests/test_anytime.py checks it for every criterion, with compaction).
+``model(x, steps=k)`` (tests/analysis/test_anytime.py checks it for every criterion, with compaction).
 
 Criteria (the signal s_k after step k; an image exits at the first step k >= min_steps that meets
 the threshold, and at max_steps if none does):

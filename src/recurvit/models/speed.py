@@ -10,7 +10,7 @@ and SoftMoR cores without knowing which one runs:
   the forward with its python loop over steps. The shared block of a recurrent core is compiled
   once and reused at every step, the L blocks of a stack share one compiled graph (same code,
   parameters as graph inputs), and the step count is never seen by the compiler: training at T
-  and evaluating at 2T runs the same graph without recompiling (tests/test_speed_features.py).
+  and evaluating at 2T runs the same graph without recompiling (tests/models/test_speed.py).
   Recompiles happen only for what changes the block's own graph: train vs eval mode (dropout)
   and grad vs no-grad, and once when a batch dimension first changes (then marked dynamic).
 """

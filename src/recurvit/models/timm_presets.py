@@ -9,7 +9,7 @@ finds models only in its own registry, and importing timm from recurvit would co
 every user who never asks for it. Importing this module registers the names below.
 
 Names: only names timm does not have. recurvit's stack ViT (``vit_*`` presets) IS timm's
-VisionTransformer (same state_dict, same logits; tests/test_models.py), so no ``vit_*`` name is
+VisionTransformer (same state_dict, same logits; tests/models/test_vit.py), so no ``vit_*`` name is
 registered here: timm's own ones are that model.
 
 =========================================  ===========================================================

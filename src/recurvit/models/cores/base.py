@@ -35,7 +35,7 @@ mixture; only a core that integrates a whole trajectory at once, ``keeps_states`
 applications of the last forward) and ``step_of_call(n)`` (the 1-based step of the n-th block call
 of the running forward, for probes). Every block call tells the block its
 step, ``block(z, step=k)`` with k = ``step_of_call`` of that call: per-step adapters read it, and
-a block recomputed under activation checkpointing is told the same step (tests/test_cores.py
+a block recomputed under activation checkpointing is told the same step (tests/models/cores/test_conformance.py
 checks all of this for every entry of ``CORES``).
 
 Per-step API (anytime inference, models/adaptive.py): ``s = core.begin(blocks, z)`` starts a forward
@@ -52,7 +52,7 @@ the core's step as traceable functions of tensors (the step index a tensor input
 int a tracer would bake in), from which the export writes embed / step / readout programs a runtime
 stops between steps; a core without one raises :class:`NoStepProgram` with the reason in one line.
 Every core answers (the base class raises NotImplementedError, and the conformance suite in
-tests/test_cores.py chains each plan in eager PyTorch against the states of one pass).
+tests/models/cores/test_conformance.py chains each plan in eager PyTorch against the states of one pass).
 
 A new core is one file defining a subclass, plus one entry in ``CORES`` (cores/__init__.py).
 """

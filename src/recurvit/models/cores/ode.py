@@ -35,7 +35,7 @@ call and yields every grid state; steps > nominal runs further in time at the sa
 ("beyond the training horizon"). Adaptive methods (dopri5, bosh3, ...) use ``rtol``/``atol`` and
 report their (interpolated) state at the same grid times.
 
-Function evaluations (torchdiffeq 0.2.5, measured; see tests/test_ode.py)
+Function evaluations (torchdiffeq 0.2.5, measured; see tests/models/cores/test_ode.py)
 -------------------------------------------------------------------------
 - Fixed-step Runge-Kutta: NFE = steps x stages, with NO extra evaluation at t0:
   euler 1, midpoint 2, heun2 2, heun3 3, rk4 4. torchdiffeq's ``rk4`` is the 3/8 rule
