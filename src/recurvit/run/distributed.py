@@ -15,7 +15,7 @@ Conventions
   (:class:`ShardedBatches`) and of every global batch rank r takes positions r, r + W, r + 2W,
   ...; so the union of the ranks' i-th batches is the single process's i-th batch. Without randomness in the step
   (no dropout / drop path / MixUp, a fixed depth) N processes follow the single-process loss
-  trajectory up to float summation order (tests/test_distributed.py). When the last, partial
+  trajectory up to float summation order (tests/run/test_distributed.py). When the last, partial
   batch is not a multiple of the number of processes it is padded with the epoch's first
   indices (DistributedSampler's rule), so that one step differs slightly.
 - Randomness: the model is initialised from ``train.seed`` on every rank (and DDP broadcasts rank

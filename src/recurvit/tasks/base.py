@@ -76,7 +76,8 @@ class Task:
 
     def config_changes(self, state: Dict[str, Any]) -> list:
         """The keys whose values differ between the checkpoint's config and this task's."""
-        return config_changes(self.checkpoint_config(state), self.config_dict())
+        new = self.config_dict()
+        return config_changes(self.checkpoint_config(state), new)
 
     def checkpoint_config(self, state: Dict[str, Any]) -> Dict[str, Any]:
         return state["config"]

@@ -1,7 +1,6 @@
 """What a run refuses, in one line, instead of a traceback from deep inside torch.
 
 - :func:`check_train_config`: values torch would reject late (a negative lr, a batch size of 1e20);
-- :func:`out_of_memory`: an allocation that failed anyway, named by the settings that size the run;
 - :func:`divergence_advice` / :class:`Diverged` / :func:`how_to_go_on`: what to change after a non-finite
   loss (used by train, finetune and vae train), and how to go on from what the run directory holds
   once it is closed (a run that diverged inside its first epoch has no checkpoint, and a directory
@@ -132,11 +131,3 @@ def _check_more(cfg: RunConfig) -> None:
     if cfg.data.name == "synthetic" and cfg.data.synthetic_classes < 2:
         raise UserError(f"data.synthetic_classes must be >= 2 (one class is always right), "
                         f"got {cfg.data.synthetic_classes}")
-
-
-def out_of_memory(cfg: RunConfig, e: BaseException) -> UserError:
-    """An allocation that failed anyway: one line naming the settings that size the run."""
-    m, t = cfg.model, cfg.train
-    return UserError(f"out of memory ({str(e).splitlines()[0][:100]}) with model {m.name} embed_dim={m.embed_dim} "
-                     f"depth={m.depth} steps={m.steps} and train.batch_size={t.batch_size}; make one of them smaller "
-                     "or set train.activation_checkpointing=true")

@@ -6,9 +6,9 @@ What the loop owns, for every task alike:
   life of the run, removed again if nothing was written): config.yaml before epoch 1, one
   metrics.jsonl line an epoch, ``last.pt`` every epoch and ``best.pt`` when the task's score
   improves, written atomically;
-- the checkpoint schema (:func:`run_state`): format, task, config, model, epoch and the task's
-  record; ``last.pt`` adds optimizer, schedule, RNG state (every rank's under DDP), the best score,
-  training seconds and the epoch's metrics;
+- the checkpoint schema: format, task, config (the config.yaml of the run, as plain types), model, epoch
+  and the task's record; ``last.pt`` adds optimizer, schedule, RNG state (every rank's under DDP), the best
+  score, training seconds and the epoch's metrics;
 - resume: the config changes a resume makes are checked (:mod:`recurvit.train.resume`), model,
   optimizer, schedule and RNG are restored, metric lines past the checkpoint are dropped;
 - processes: under torchrun every rank calls ``fit`` (the task's loaders shard by the
@@ -76,12 +76,6 @@ def fit(task, out: Optional[Path] = None, resume: bool = False, log=print, stop_
             raise e.then(f"--resume {run.path}") from None
 
 
-def run_state(task, epoch: int) -> Dict[str, Any]:
-    """What every checkpoint of ``task`` holds: format, task, config, model weights, epoch, the task's record."""
-    return {"format": ckpt_io.FORMAT, "task": task.name, "config": task.config_dict(),
-            "model": task.model.state_dict(), "epoch": epoch, **task.record()}
-
-
 def check_task(state: Dict[str, Any], task, out: Path) -> None:
     """A resume continues a run of the same task (a checkpoint that names none is refused by ``task_of``)."""
     found = ckpt_io.task_of(state)
@@ -116,6 +110,7 @@ def _fit(task, run: RunDir, resume: bool, log, stop_after: Optional[int], env: d
     elif env.enabled and env.rank > 0:
         torch.manual_seed(dist_io.rank_seed(tc.seed, env.rank))  # own dropout / augmentation draws
     task.prepare_training(env, device, log, force)
+    config = task.config_dict()  # the config every checkpoint holds: config.yaml's, as plain types
     run.write_config(task.config_yaml())  # what the run actually uses, overrides of a resume included
     if run.owner:
         for name, text in task.run_files().items():  # what else the task keeps from the start (a recipe)
@@ -134,16 +129,17 @@ def _fit(task, run: RunDir, resume: bool, log, stop_after: Optional[int], env: d
         if last or (epoch + 1) % tc.eval_every == 0:
             metrics.update(task.evaluate(env))
         metrics.update(train_seconds=elapsed, train_cpu_seconds=cpu)
+        score, line = task.score(metrics, last), task.epoch_line(metrics)  # the line is logged once saved
         rng = ckpt_io.rng_state()
         extra = {"rng_ranks": env.gather(rng), "world_size": env.world_size} if env.enabled else {}
         extra.update(task.extra_state(env))  # a collective under DDP: every rank takes part, rank 0 writes
-        score = task.score(metrics, last)
         improved = score is not None and score > best
         best = score if improved else best
         run.append_metrics(metrics)
         if tb is not None:
             tb.add_epoch(metrics)  # TensorBoard (train.tensorboard=true, rank 0): a copy of the metrics line
-        record = run_state(task, epoch + 1)
+        record = {"format": ckpt_io.FORMAT, "task": task.name, "config": config, "model": task.model.state_dict(),
+                  "epoch": epoch + 1, **task.record()}  # what every checkpoint holds
         if improved:
             for name, obj in task.best_files(record, metrics).items():
                 run.save(name, obj)
@@ -153,7 +149,6 @@ def _fit(task, run: RunDir, resume: bool, log, stop_after: Optional[int], env: d
         keep = getattr(tc, "keep_every", 0)
         if keep and (epoch + 1) % keep == 0:  # the model as it was at this epoch, kept for a budget curve
             run.save(f"epoch_{epoch + 1:04d}.pt", {**record, "metrics": metrics})
-        line = task.epoch_line(metrics)
         if line:
             log(line)
         if stop_after is not None and epoch + 1 >= stop_after and not last:

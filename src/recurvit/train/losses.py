@@ -77,15 +77,9 @@ class DepthSampler:
         self.hi = min(cfg.max_steps or 2 * nominal, cap or 10**9)
         if cfg.schedule == "uniform" and not 1 <= cfg.min_steps <= self.hi:
             raise ValueError(f"train.depth needs 1 <= min_steps <= max_steps, got {cfg.min_steps}..{self.hi}")
-
-    @property
-    def deepest(self) -> int:
-        """The most steps a batch can be trained at (memory planning)."""
-        if self.cfg.schedule == "fixed":
-            return self.nominal
-        if self.cfg.schedule == "uniform":
-            return self.hi
-        return min(self.cfg.max_steps or 4 * self.nominal, self.cap or 10**9)
+        # the most steps a batch can be trained at (memory planning; the bound of every draw)
+        self.deepest = (nominal if cfg.schedule == "fixed" else self.hi if cfg.schedule == "uniform"
+                        else min(cfg.max_steps or 4 * nominal, cap or 10**9))
 
     def __call__(self) -> int:
         c = self.cfg
@@ -96,7 +90,7 @@ class DepthSampler:
         mu = math.log(max(self.nominal - 1, 1e-3)) - c.sigma ** 2 / 2
         lam = torch.exp(mu + c.sigma * torch.randn(1, generator=self.gen))
         k = 1 + int(torch.poisson(lam, generator=self.gen))
-        return min(k, c.max_steps or 4 * self.nominal, self.cap or 10**9)
+        return min(k, self.deepest)
 
 
 # ------------------------------------------------------------------ Bansal et al.'s progressive loss

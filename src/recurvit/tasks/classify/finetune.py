@@ -52,6 +52,7 @@ from typing import Any, Dict, List, Optional
 import torch.nn as nn
 
 from ...config import as_dict, DataConfig, load_config, RunConfig, to_object
+from ...data import build_batch_transform
 from ...errors import UserError
 from ...models.adapters import adapter_spec, attach_adapters, plain_state, unroll_step_lora
 from ...run import checkpoint as ckpt_io
@@ -191,9 +192,7 @@ class FinetuneTask(ClassifyTask):
         self.model = model.to(device)
         self.counts = trainable_counts(model)
         self.val_loader = build_val_loader(cfg, self.train_loader, self.test_loader, env)
-
-    def prepare_training(self, env, device, log, force=False):
-        super().prepare_training(env, device, log, force)  # compilation, checkpointing, DDP, the memory check
+        self.batch_transform = build_batch_transform(cfg.data, info.num_classes)
 
     def run_files(self):
         return {RECIPE: json.dumps({**self.recipe(), **self.counts}, indent=2) + "\n"}

@@ -27,7 +27,7 @@ from ...run.device import autocast
 from ...run.loaders import build_loaders, build_val_loader, resolve_model_config, set_epoch
 from ...run.preprocessing import data_record
 from ...run.progress import bar_options
-from ...train.checks import check_train_config, out_of_memory
+from ...train.checks import check_train_config
 from ...train.fit import fit
 from ...train.loop import Step, train_epoch
 from ...train.losses import DepthSampler, readout_steps, soft_cross_entropy, stage_weights, supervised_loss
@@ -87,9 +87,7 @@ def train_one_epoch(model, loader, opt, sched, device, cfg: RunConfig, depth: De
     train_epoch`), for a model, optimizer and schedule built outside a run. ``forward`` (default
     ``model.forward_steps``) is the DDP-wrapped forward under several processes; the returned figures are
     then sums over all ranks. With ``train.log_every=N``, ``log`` gets a line every N batches."""
-    task = ClassifyTask(cfg)
-    task.model, task.opt, task.sched, task.device, task.depth = model, opt, sched, device, depth
-    task.train_loader, task.batch_transform, task.forward, task.time_guard = loader, batch_transform, forward, None
+    task = ClassifyTask(cfg).setup_with(model, loader, opt, sched, device, depth, batch_transform, forward)
     return train_epoch(task, epoch, env, log)
 
 
@@ -106,10 +104,9 @@ class ClassifyTask(Task):
 
     name = "classify"
     reader = ckpt_io.Reader(ckpt_io.read_model)  # its checkpoints hold a RunConfig and the registry's model
-
-    def __init__(self, cfg: RunConfig):
-        super().__init__(cfg)
-        self.forward = None  # the DDP-wrapped forward under several processes
+    forward = None  # the training forward: the DDP-wrapped module under several processes, else the model's
+    batch_transform = None  # MixUp / CutMix (data.mixup_alpha, data.cutmix_alpha), or none
+    time_guard = None  # the first-batches time guard of the first epoch this process trains (prepare_training)
 
     def checkpoint_config(self, state):
         return as_dict(ckpt_io.config_from_checkpoint(state))
@@ -128,19 +125,33 @@ class ClassifyTask(Task):
                                 f"set it to {plain} for classification")
 
     def out_of_memory(self, e):
-        return out_of_memory(self.cfg, e)
+        """An allocation that failed anyway: one line naming the settings that size the run."""
+        m, t = self.cfg.model, self.cfg.train
+        return UserError(f"out of memory ({str(e).splitlines()[0][:100]}) with model {m.name} embed_dim={m.embed_dim} "
+                         f"depth={m.depth} steps={m.steps} and train.batch_size={t.batch_size}; make one of them "
+                         "smaller or set train.activation_checkpointing=true")
 
     # ---------------------------------------------------------------- building
     def setup(self, env, device, log, force=False):
-        self.device, self.env, self.log = device, env, log
+        self.device = device
         self.build(env, device, log, force)
         self.steps_per_epoch = len(self.train_loader)
         self.opt = build_optimizer(self.model, self.cfg.train, device)
         self.sched = build_scheduler(self.opt, self.cfg.train, self.steps_per_epoch)
         self.build_depth(env)
 
+    def setup_with(self, model, loader, opt, sched, device, depth: DepthSampler, batch_transform=None,
+                   forward: Optional[Callable] = None) -> "ClassifyTask":
+        """This task set up from parts built outside a run (:func:`train_one_epoch`): the model, its training
+        loader, optimizer, schedule and depth sampler, what :meth:`setup` builds from the config otherwise."""
+        self.model, self.train_loader, self.opt, self.sched, self.device = model, loader, opt, sched, device
+        self.depth, self.batch_transform, self.forward = depth, batch_transform, forward
+        self.steps_per_epoch = len(loader)
+        return self
+
     def build(self, env, device, log, force):
-        """The loaders, the config resolved from the data, the model (what fine-tuning builds otherwise)."""
+        """The loaders, the batch transform, the config resolved from the data, the model (what fine-tuning
+        builds otherwise)."""
         self.train_loader, self.test_loader, self.info = build_loaders(self.cfg, env=env, log=log)
         if self.info.num_classes < 2:  # one class trains to "accuracy 1.0" and learns nothing (a VAE may read one)
             raise UserError(f"{self.cfg.data.name}: {self.info.num_classes} class (an image folder: one folder a "
@@ -152,25 +163,29 @@ class ClassifyTask(Task):
             lambda: ckpt_io.build_model_from_config(cfg), device, force=force,
             what=f"model {m.name} (embed_dim={m.embed_dim}, depth={m.depth}, steps={m.steps})"))
         self.model = ckpt_io.build_model_from_config(cfg).to(device)
+        self.batch_transform = build_batch_transform(cfg.data, self.info.num_classes)
 
     def build_depth(self, env):
+        """The depth sampler, and the generators of the task's own draws (``self.generators``: saved with
+        last.pt under their names, restored on resume)."""
         tc = self.cfg.train
         # one depth per global batch: under several processes the draws come from a generator that
         # every rank seeds alike (a single process keeps drawing from the global RNG, as it always has)
         self.depth_gen = torch.Generator().manual_seed(tc.seed) if env.enabled else None
+        self.generators = {"depth_rng": self.depth_gen} if env.enabled else {}
         try:
             self.depth = DepthSampler(tc.depth, self.model.nominal_steps, self.depth_gen, cap=self.model.core.limit)
             stage_weights(tc.supervision.weights, 1)
         except ValueError as e:
             raise UserError(str(e)) from None
-        self.batch_transform = build_batch_transform(self.cfg.data, self.info.num_classes)
 
     def restore(self, state, env):
-        if self.depth_gen is not None and state.get("depth_rng") is not None:
-            self.depth_gen.set_state(state["depth_rng"])
+        for key, gen in self.generators.items():
+            if state.get(key) is not None:
+                gen.set_state(state[key])
 
     def extra_state(self, env):
-        return {"depth_rng": self.depth_gen.get_state()} if env.enabled else {}
+        return {key: gen.get_state() for key, gen in self.generators.items()}
 
     def prepare_training(self, env, device, log, force=False):
         self.forward = self._speed_and_scale(device, env)
@@ -243,10 +258,11 @@ class ClassifyTask(Task):
 
     # ---------------------------------------------------------------- each epoch
     def start_epoch(self, epoch):
+        self.epoch = epoch  # the epoch this pass trains (the dense task's evaluation reads it)
         set_epoch(self.train_loader, self.cfg.train.seed * 100_003 + epoch)  # the shuffle depends on (seed, epoch) only
 
     def batch_guard(self, epoch):
-        watch, self.time_guard = getattr(self, "time_guard", None), None  # the first epoch this process trains
+        watch, self.time_guard = self.time_guard, None  # the first epoch this process trains
         return watch and watch(epoch)
 
     def train_step(self, batch, amp):

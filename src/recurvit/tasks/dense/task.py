@@ -180,19 +180,9 @@ class DenseTask(ClassifyTask):
         # last.pt: one process and several draw the same (n, k) for every batch
         self.prog_gen = torch.Generator().manual_seed(self.cfg.train.seed + 7919)
         self.start_gen = torch.Generator().manual_seed(self.cfg.train.seed + 104729)  # random_start's draws and noise
-
-    def restore(self, state, env):
-        super().restore(state, env)
-        if state.get("progressive_rng") is not None:
-            self.prog_gen.set_state(state["progressive_rng"])
-        if state.get("random_start_rng") is not None:
-            self.start_gen.set_state(state["random_start_rng"])
-
-    def extra_state(self, env):
-        extra = {**super().extra_state(env), "progressive_rng": self.prog_gen.get_state()}
+        self.generators["progressive_rng"] = self.prog_gen
         if self.cfg.train.depth.random_start:
-            extra["random_start_rng"] = self.start_gen.get_state()
-        return extra
+            self.generators["random_start_rng"] = self.start_gen
 
     def training_module(self) -> nn.Module:
         return DenseForward(self.model)
@@ -213,10 +203,6 @@ class DenseTask(ClassifyTask):
                 f"{where}")
 
     # ---------------------------------------------------------------- each epoch
-    def start_epoch(self, epoch):
-        super().start_epoch(epoch)
-        self.epoch = epoch
-
     def batch_guard(self, epoch):
         return None  # classification's first-batches time guard describes patches; a maze run has none yet
 

@@ -3,7 +3,7 @@
 - PSNR per image, ``10 log10(data_range^2 / mse)`` in float64, averaged over images by the callers.
   The mse is clamped at 1e-12, so identical images give 10 log10(data_range^2 / 1e-12) (120 dB for
   data_range 1) rather than inf, and means over images stay finite; otherwise the figure of
-  ``skimage.metrics.peak_signal_noise_ratio`` (tests/test_vae_metrics.py: within 1e-4 dB).
+  ``skimage.metrics.peak_signal_noise_ratio`` (tests/tasks/vae/test_metrics.py: within 1e-4 dB).
 - SSIM (Wang et al. 2004) with an 11 x 11 Gaussian window (sigma 1.5), K1 = 0.01, K2 = 0.03,
   population statistics, averaged over the positions where the window fits ('valid') and over
   channels: the figures of ``skimage.metrics.structural_similarity(gaussian_weights=True,
@@ -14,7 +14,7 @@
   package's own ``lpips.LPIPS`` when that package is installed (``pip install 'recurvit[lpips]'``,
   it is also in the ``dev`` extra), else the hand-written copy here (same layers, scaling, unit
   normalisation and spatial mean; ``impl=`` forces one, ``LPIPS.impl`` says which ran). Both agree
-  within 1e-6 on the same weights (bit-identical on CPU; tests/test_vae_metrics.py). Either way nothing is downloaded: the
+  within 1e-6 on the same weights (bit-identical on CPU; tests/tasks/vae/test_metrics.py). Either way nothing is downloaded: the
   backbone comes from a local torchvision ImageNet file the user gives (``vgg16-397923af.pth``),
   the linear layers from the user's file or, when none is given, the file in the lpips wheel
   (``lpips/weights/v0.1/vgg.pth``); without the package that file must be given. Inputs in
@@ -179,7 +179,7 @@ class LPIPS(nn.Module):
     when the package is not installed. ``impl``: ``"auto"`` (default) runs the lpips package's
     ``lpips.LPIPS`` (built with ``pnet_rand=True``, backbone then loaded from the local file) when
     it is installed and the hand-written network here otherwise; ``"lpips"`` / ``"recurvit"``
-    force one. ``self.impl`` says which runs; both give the same figures (tests/test_vae_metrics.py).
+    force one. ``self.impl`` says which runs; both give the same figures (tests/tasks/vae/test_metrics.py).
     ``flags`` name the options that give the two files, for error messages.
     """
 
