@@ -85,7 +85,7 @@ def test_the_stable_rule_can_be_set_and_is_reported(run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("bad", [["--sizes", "8"], ["--sizes", "1"], ["--mazes", "0"], ["--patience", "0"],
-                                 ["--min-steps", "0"], ["--min-steps", "50"]])
+                                 ["--min-steps", "0"], ["--min-steps", "50"], ["--data-root", "/tmp"]])
 def test_a_size_no_maze_can_have_is_one_line(run, tmp_path, bad, capsys):
     capsys.readouterr()
     assert main(["horizon", str(run), "--out", str(tmp_path), *bad]) == 2

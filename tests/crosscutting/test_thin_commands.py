@@ -14,23 +14,8 @@ LONGER = {
     "vae.py": (230, "four subcommands (train, eval, intervene, profile), each with its own parser and printout"),
     "__init__.py": (200, "the argument-parsing helpers every command shares"),
 }
-# modules still holding library logic, with the checks they fail (strict: thinning one makes its mark fail, so
-# the mark goes with it)
-NOT_YET_THIN = {
-    "horizon.py": ("the maze sweep pipeline (_mazes) is to move to analysis/, where the other sweeps live",
-                   {"function", "module"}),
-    "predict.py": ("run() still collects the images and writes the output files", {"function"}),
-    "export.py": ("run() still chooses and checks the export path per format", {"function"}),
-}
-
-
-def _modules(check: str):
-    out = []
-    for p in sorted(COMMANDS.glob("*.py")):
-        why, fails = NOT_YET_THIN.get(p.name, ("", set()))
-        out.append(pytest.param(p.name, marks=pytest.mark.xfail(reason=why, strict=True)) if check in fails
-                   else p.name)
-    return out
+def _modules():
+    return [p.name for p in sorted(COMMANDS.glob("*.py"))]
 
 
 def _long_functions(path: Path):
@@ -41,13 +26,13 @@ def _long_functions(path: Path):
             > MAX_FUNCTION}
 
 
-@pytest.mark.parametrize("name", _modules("function"))
+@pytest.mark.parametrize("name", _modules())
 def test_no_command_function_is_long(name):
     long = _long_functions(COMMANDS / name)
     assert not long, f"{name}: move the logic of {long} into the library (a function a subcommand)"
 
 
-@pytest.mark.parametrize("name", _modules("module"))
+@pytest.mark.parametrize("name", _modules())
 def test_no_command_module_is_long(name):
     limit, _ = LONGER.get(name, (MAX_MODULE, ""))
     n = len((COMMANDS / name).read_text().splitlines())
@@ -64,4 +49,4 @@ def test_every_command_module_is_a_parser_and_a_run():
 
 
 def test_the_limits_name_real_modules():
-    assert set(LONGER) | set(NOT_YET_THIN) <= {p.name for p in COMMANDS.glob("*.py")}
+    assert set(LONGER) <= {p.name for p in COMMANDS.glob("*.py")}

@@ -157,3 +157,12 @@ def test_onnx_export_runs_in_onnxruntime_with_the_runs_logits(tmp_path, model):
         (y,) = session.run(["logits"], {"images": x.numpy()})
         with torch.no_grad():
             torch.testing.assert_close(torch.from_numpy(y), recurvit.load_model(run)(x), rtol=0, atol=1e-5)
+
+
+def test_fused_without_a_step_program_export_is_one_line(run, tmp_path, capsys):
+    """--fused joins a step-program export's step and readout; on a whole-model export it would be ignored."""
+    capsys.readouterr()
+    assert main(["export", str(run), "--format", "onnx", "--fused", "--out", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--fused" in err[0] and "--steps-program" in err[0]
+    assert not (tmp_path / "m.onnx").exists()

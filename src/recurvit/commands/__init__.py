@@ -109,14 +109,6 @@ def check_cost(model, loader, device, steps: int, batches: int, args) -> None:
     check_loader_cost(model, loader, device, steps, batches, force=args.force)
 
 
-def check_cost_of(model, images: int, batch_size: int, steps: int, args, side: Optional[int] = None) -> None:
-    """:func:`check_cost` for ``images`` images of the model's own input size, or of ``side`` pixels (a
-    dense model's largest input), no loader at hand."""
-    from ..analysis.budget import check_images_cost
-
-    check_images_cost(model, images, batch_size, steps, force=getattr(args, "force", False), side=side)
-
-
 def fmt_int(n) -> str:
     return "-" if n is None else f"{n:,}"
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UserError
 from . import add_out_arg, out_of, print_json
 
 
@@ -49,99 +48,13 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from . import load_trained
-    from ..run.atomic import follow_umask
+    from ..export.export_run import export_run
 
-    out_of(args)
-    if args.out.is_symlink():  # an OUT that exists, as every format refuses it: a link (to a folder, a file or
-        raise UserError(f"{args.out} exists; choose another OUT")  # nothing) is never written through
-    if args.rgb and (args.steps_program or args.format not in ("timm", "onnx", "torch-export")):
-        raise UserError("--rgb applies to --format timm, onnx or torch-export (the whole model), not "
-                        f"{'--steps-program' if args.steps_program else '--format ' + args.format}")
-    if args.int8:
-        return _int8(args)
-    if args.steps_program:
-        return _steps_program(args)
-    extra = {}
-    if args.format in ("torch-export", "onnx"):
-        from ..export.program import export_program, onnx_validate_flags, read_preprocessing
-
-        files = [str(export_program(args.run, args.out, args.format, rgb=args.rgb))]
-        if args.format == "onnx":
-            extra["onnx_validate_flags"] = onnx_validate_flags(read_preprocessing(args.out))
-    elif args.format == "timm":
-        from ..export.timm_format import export_timm
-
-        files = sorted(str(p) for p in export_timm(args.run, args.out, rgb=args.rgb).iterdir())
-    else:
-        from ..export.hf import export_hf, export_safetensors
-
-        loaded = load_trained(args.run).classifier(args.run)
-        if args.format == "hf":
-            files = sorted(str(p) for p in export_hf(loaded, args.out).iterdir())
-        else:
-            files = [str(export_safetensors(loaded, args.out))]
-    follow_umask(args.out)  # what temp files and folders left private, as a plain write would have it
+    res = export_run(args.run, out_of(args), args.format, rgb=args.rgb, steps_program=args.steps_program,
+                     fused=args.fused, int8=args.int8)
     if args.json:
-        print_json({"run": str(args.run), "format": args.format, "rgb": args.rgb, "files": files, **extra})
+        print_json(res.summary)
     else:
-        print(f"wrote {', '.join(files)}")
-        if "onnx_validate_flags" in extra:
-            print(_onnx_validate_line(extra["onnx_validate_flags"]))
-    return 0
-
-
-def _onnx_validate_line(flags) -> str:
-    if flags is None:
-        return "timm's onnx_validate.py feeds RGB images: export with --rgb for a program it can read"
-    return (f"timm's onnx_validate.py: python onnx_validate.py DATA --onnx-input OUT {' '.join(flags)}".rstrip()
-            + ("" if flags else " (its defaults)"))
-
-
-def _steps_program(args) -> int:
-    from ..export.steps import export_steps
-    from ..run.atomic import follow_umask
-
-    files = sorted(str(p) for p in export_steps(args.run, args.out, args.format, fused=args.fused).iterdir())
-    follow_umask(args.out)
-    if args.json:
-        print_json({"run": str(args.run), "format": args.format, "steps_program": True, "files": files})
-    else:
-        print(f"wrote {args.out}: {', '.join(Path(f).name for f in files)}")
-    return 0
-
-
-def _int8(args) -> int:
-    """The fp32 export written to a scratch folder beside OUT, then quantized into OUT (which appears whole
-    or not at all); the scratch goes either way (one a kill left behind: with the next such export)."""
-    from ..export.int8 import quantize_model, quantize_steps
-    from ..run.atomic import follow_umask, scratch_dir
-    from ..run.outputs import output_dir
-
-    if args.format != "onnx":
-        raise UserError(f"--int8 quantizes ONNX weights, not {args.format}: add --format onnx")
-    final = Path(args.out)
-    if final.exists():
-        raise UserError(f"{final} exists; choose another OUT")
-    output_dir(final.parent, "OUT")
-    with scratch_dir(final.parent, final.name, "fp32") as scratch:  # a killed export's goes with the next one
-        try:
-            args.out = scratch / final.name
-            if args.steps_program:
-                from ..export.steps import export_steps
-
-                quantize_steps(export_steps(args.run, args.out, "onnx", fused=args.fused), final)
-                files = sorted(str(p) for p in final.iterdir())
-            else:
-                from ..export.program import export_program
-
-                files = [str(quantize_model(export_program(args.run, args.out, "onnx", rgb=args.rgb), final))]
-        finally:
-            args.out = final
-    follow_umask(final)
-    if args.json:
-        print_json({"run": str(args.run), "format": "onnx", "steps_program": args.steps_program, "int8": True,
-                    "files": files})
-    else:
-        print(f"wrote {', '.join(files)} (int8 MatMul weights)")
+        for line in res.lines:
+            print(line)
     return 0

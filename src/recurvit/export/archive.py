@@ -7,7 +7,7 @@ a custom-object constant and a legacy ``.pt`` weights file; it reads the sample 
 and, when that refuses them, AGAIN with the unsafe one; it loads the compiled libraries of an AOTInductor
 folder; it gives every symbolic size's expression to ``sympy.sympify`` (an ``eval`` that sees Python's
 builtins); and ``.module()`` ``exec``s the program's input guards (``guards_code``) as source text. Each of
-these runs a doctored archive's code on load (tests/test_step_program_safety.py builds one of each).
+these runs a doctored archive's code on load (tests/export/test_step_program_safety.py builds one of each).
 
 So :func:`load_program` reads an archive only when it is what ``torch.export.save`` writes for a step program
 (:mod:`recurvit.export.steps`), and refuses anything else in one line, before torch sees it:

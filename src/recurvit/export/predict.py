@@ -217,5 +217,6 @@ def check_dense_sides(model: torch.nn.Module, sides: Sequence[Tuple[str, int]]) 
 
 def is_dense(cfg: Dict[str, Any]) -> bool:
     """Whether a model's ``pretrained_cfg`` is a dense (per-pixel, maze) run's: ``predict`` then returns
-    each image's mask, and the command writes it as NAME.path.png instead of class rows."""
+    each image's mask, and :func:`.predict_run.predict_files` writes it as NAME.path.png instead of class
+    rows."""
     return bool(dense_target((cfg.get("recurvit_data") or {}).get("name", "")))

@@ -133,7 +133,7 @@ def compact_onnx(program) -> None:
     width 64: six copies of the 64 x 64 attention projection, 295 KiB stored for 215 KiB of parameters) and
     the larger ones stayed behind a Transpose, which onnxruntime's int8 quantizer does not see through.
     Folding every constant and merging equal ones, without the limits, leaves one initializer a weight, in
-    the layout MatMul reads (tests/test_steps_export.py checks the bytes and the outputs)."""
+    the layout MatMul reads (tests/export/test_steps.py checks the bytes and the outputs)."""
     import onnxscript
     from onnx_ir.passes.common import DeduplicateInitializersPass
 
