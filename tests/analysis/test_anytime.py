@@ -197,6 +197,9 @@ def test_exit_command_writes_csv_png_and_json(tiny_runs, tmp_path, capsys):
     assert res["trained_steps"] == 3 and res["max_steps"] == 5 and res["criterion"] == "kl"
     t = res["test"]
     assert 2 <= t["mean_steps"] <= 5 and t["n"] == 360 and t["speedup"] > 0 and t["images_per_s"] > 0
+    # the speed-up a claim decides on: per-batch geometric mean in its interval, the load around its timing
+    assert t["speedup_lo"] <= t["speedup"] <= t["speedup_hi"] and t["cores"] >= 1 and t["threads"] >= 1
+    assert t["load_before"] is not None and t["load_during"] is not None
     assert t["drop_points"] == pytest.approx(100 * (t["acc_T"] - t["accuracy"]))
     assert res["calibration"]["n"] == 144 and len(res["fixed_accuracy"]) == 5 and res["sweep"]
     lines = (tmp_path / "exit.csv").read_text().splitlines()

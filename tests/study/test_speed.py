@@ -131,6 +131,20 @@ def test_a_deploy_record_without_the_load_and_flops_figures_is_evaluated_again()
         parse_eval({"deploy": {"record": 1}}, EVALUATORS, "s", axes)  # not a study file's to set
 
 
+def test_an_exit_record_without_the_interval_and_load_is_evaluated_again():
+    """The anytime exit's speed-up decides only with its interval and load record (rows of the fashion_anytime
+    study): a run's exit record from before them counts as not evaluated, the instance ``exit@beyond`` too."""
+    axes = {"regime": ["a"]}
+    asked = parse_eval({"exit": {"criteria": ["kl"]}, "exit@beyond": {"max_steps": 12}}, EVALUATORS, "s", axes)
+    assert asked["exit"]["record"] == asked["exit@beyond"]["record"] == EVALUATORS["exit"].record == 2
+    old = {"eval": {k: ({kk: vv for kk, vv in v.items() if kk != "record"} if k.startswith("exit") else v)
+                    for k, v in asked.items()}}
+    assert sorted(missing(asked, old)) == ["exit", "exit@beyond"]
+    assert missing(asked, {"eval": dict(asked)}) == {}
+    with pytest.raises(UserError, match="no option record"):
+        parse_eval({"exit": {"record": 1}}, EVALUATORS, "s", axes)
+
+
 def test_results_csv_carries_the_new_columns():
     from recurvit.study.report import evaluator_columns
 

@@ -27,7 +27,7 @@ from ..plot_style import percent
 from ..run.device import autocast
 from ..run.outputs import save_figure
 from ..tables import write_csv as write_table
-from .timing import sync
+from .timing import LoadWatch, geometric_ratio, sync
 
 SWEEP_LEVELS = 12  # thresholds in a sweep: quantiles of the calibration signals
 CANDIDATES = 256  # thresholds calibration chooses among
@@ -134,18 +134,24 @@ def runners(model: nn.Module, criterion: str, threshold: Optional[float], max_st
 def measure(model: nn.Module, loader: Iterable, device: torch.device, criterion: str, threshold: Optional[float],
             max_steps: int, min_steps: int = 1, amp: str = "off", per_step_readouts: Optional[bool] = None) -> dict:
     """One pass over ``loader`` alternating adaptive and fixed-T batches (the order flips every
-    batch): accuracy of both, steps per image, images/s of both (median per-image time), speedup."""
+    batch): accuracy of both, steps per image, images/s of both (median per-image time), the speedup (the
+    geometric mean of the per-batch time ratios, fixed T over the exit) with its 95% interval (``speedup_lo``,
+    ``speedup_hi``),
+    with the machine's load before and during the timing, its cores and the threads timed (:class:`LoadWatch`;
+    :mod:`recurvit.study.speed` decides nothing from a loaded machine)."""
     model.eval()
     fns = runners(model, criterion, threshold, max_steps, min_steps, device, amp, per_step_readouts)
     times: Dict[str, List[float]] = {"adaptive": [], "fixed": []}
     correct = {"adaptive": 0, "fixed": 0}
     steps, n, warm = [], 0, False
+    load = LoadWatch()
     for i, (x, y) in enumerate(loader):
         x, y = x.to(device), torch.as_tensor(y).to(device)
         if not warm:
             for f in fns.values():
                 f(x)
             warm = True
+            load.__enter__()  # the reading before: after the warm-up calls, as the deploy evaluator reads it
         for name in (("adaptive", "fixed") if i % 2 == 0 else ("fixed", "adaptive")):
             sync(device)
             t0 = time.perf_counter()
@@ -157,11 +163,17 @@ def measure(model: nn.Module, loader: Iterable, device: torch.device, criterion:
             if name == "adaptive":
                 steps.append(out[1].cpu())
         n += len(y)
+        load.sample()
+    load.__exit__(None, None, None)
     ips = {k: 1.0 / statistics.median(v) for k, v in times.items()}
+    paired = geometric_ratio(times["fixed"], times["adaptive"])  # per batch: fixed-T time over the exit's
     return {"threshold": threshold, "accuracy": correct["adaptive"] / n, "acc_T": correct["fixed"] / n,
             "drop_points": 100 * (correct["fixed"] - correct["adaptive"]) / n, **_stats(torch.cat(steps)),
             "images_per_s": ips["adaptive"], "fixed_images_per_s": ips["fixed"],
-            "speedup": ips["adaptive"] / ips["fixed"], "n": n, "batches": len(times["fixed"])}
+            "speedup": paired["mean"], "speedup_lo": paired["lo"], "speedup_hi": paired["hi"],
+            "load_before": load.before, "load_during": load.during, "cores": load.cores,
+            "threads": torch.get_num_threads() if device.type == "cpu" else None,
+            "n": n, "batches": len(times["fixed"])}
 
 
 CSV_KEYS = ["threshold", "accuracy", "mean_steps", "median_steps", "p90_steps", "images_per_s",

@@ -5,11 +5,14 @@
   every round (benchmarks: training steps, inference passes, the matmul peak).
 - :func:`interleaved_batches`: images/s of each function over the same batches, alternating them
   batch by batch (anytime exit against fixed depth).
+- :func:`geometric_ratio`: the geometric mean of paired per-round (or per-batch) time ratios with its 95%
+  t-interval, the form every speed-up a claim decides on takes.
 - :class:`LoadWatch`: the machine's 1-minute load average before a timing and the highest reading during it,
   and the cores it is read against (:mod:`recurvit.study.speed` decides nothing from a loaded machine).
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -73,6 +76,19 @@ def interleaved_batches(fns: Dict[str, Callable], batches: Sequence[torch.Tensor
                 per_image[name].append((time.perf_counter() - t0) / len(x))
             i += 1
     return {n: 1.0 / statistics.median(v) for n, v in per_image.items()}
+
+
+def geometric_ratio(num: Sequence[float], den: Sequence[float]) -> Dict[str, float]:
+    """The geometric mean of the paired ratios num / den (e.g. seconds of the slower peer over the faster one,
+    round by round) and its 95% t-interval on the log scale (nan with one pair)."""
+    from scipy import stats
+
+    logs = [math.log(a / b) for a, b in zip(num, den)]
+    m = statistics.fmean(logs)
+    if len(logs) < 2:
+        return {"mean": math.exp(m), "lo": math.nan, "hi": math.nan, "rounds": len(logs)}
+    half = float(stats.t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs)))
+    return {"mean": math.exp(m), "lo": math.exp(m - half), "hi": math.exp(m + half), "rounds": len(logs)}
 
 
 def load_average() -> Optional[float]:

@@ -32,8 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..analysis.accounting import flop_counter
-from ..analysis.timing import LoadWatch, interleaved_rounds
-from ..study.stats import mean_ci
+from ..analysis.timing import LoadWatch, geometric_ratio, interleaved_rounds
 from .deploy import StepProgram, batches_of, certified_threshold
 from .int8 import quantize_steps, weight_bytes
 from .steps import STEP, _Embed, _plan, _Readout, _Step, export_steps, head_of_step, readout_steps
@@ -48,16 +47,6 @@ def _predict(prog: StepProgram, batches: List[torch.Tensor], threshold: Optional
         preds.append(logits.argmax(-1))
         steps.append(k)
     return torch.cat(preds), torch.cat(steps)
-
-
-def geometric_ratio(num: List[float], den: List[float]) -> Dict[str, float]:
-    """The geometric mean of the per-round ratios num / den and its 95% t-interval (nan with one round)."""
-    s = mean_ci([math.log(a / b) for a, b in zip(num, den)])
-    if math.isnan(s["ci"]):
-        lo, hi = math.nan, math.nan
-    else:
-        lo, hi = math.exp(s["mean"] - s["ci"]), math.exp(s["mean"] + s["ci"])
-    return {"mean": math.exp(s["mean"]), "lo": lo, "hi": hi, "rounds": len(num)}
 
 
 @torch.no_grad()

@@ -162,13 +162,20 @@ class Exit(Evaluator):
     accuracy, fixed-T accuracy, drop (points), mean steps (and as % of T), measured speedup, and the
     calibration's mean steps; ``exit`` holds every criterion's result and which was chosen. With
     ``certify: {epsilon: 0.5, delta: 0.1}`` (epsilon in points) each threshold is the certified one of
-    :mod:`recurvit.analysis.certify` instead (Learn-then-Test on the same held-out images)."""
+    :mod:`recurvit.analysis.certify` instead (Learn-then-Test on the same held-out images). The speed-up is
+    the geometric mean of the per-batch time ratios on the test split with its 95% interval
+    (``exit_speedup_lo``, ``_hi``), beside the machine's load before and during that timing, its cores and the
+    threads timed (``exit_load_before``, ``exit_load_during``, ``exit_cores``, ``exit_threads``), what
+    :mod:`recurvit.study.speed` decides from. Its record carries ``record`` (:attr:`record`): a run evaluated
+    before these figures existed counts as not evaluated and is evaluated again."""
 
     name = "exit"
     defaults = {"criteria": ["kl"], "target_drop": 0.5, "step_budget": None, "max_steps": None, "min_steps": 1,
                 "batch_size": 256, "certify": None}
+    record = 2  # the version of the figures recorded (1, unmarked: without the interval and the load)
     columns = ("exit_accuracy", "exit_acc_T", "exit_drop_points", "exit_mean_steps", "exit_steps_pct_T",
-               "exit_speedup", "exit_calibration_steps")
+               "exit_speedup", "exit_calibration_steps", "exit_speedup_lo", "exit_speedup_hi", "exit_load_before",
+               "exit_load_during", "exit_cores", "exit_threads")
 
     def check(self, options, where):
         opts = super().check(options, where)
@@ -184,6 +191,7 @@ class Exit(Evaluator):
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in cert.values())
             if not ok or not 0 < cert["epsilon"] < 100 or not 0 < cert["delta"] < 1:
                 raise UserError(f"{where}: certify takes {{epsilon: POINTS in (0, 100), delta: in (0, 1)}}, got {cert!r}")
+        opts["record"] = self.record
         return opts
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -198,7 +206,9 @@ class Exit(Evaluator):
         return {"exit": {"chosen": chosen, "per_criterion": per}, "exit_accuracy": t["accuracy"],
                 "exit_acc_T": t["acc_T"], "exit_drop_points": t["drop_points"], "exit_mean_steps": t["mean_steps"],
                 "exit_steps_pct_T": t["steps_pct_T"], "exit_speedup": t["speedup"],
-                "exit_calibration_steps": per[chosen]["calibration"]["mean_steps"]}
+                "exit_calibration_steps": per[chosen]["calibration"]["mean_steps"],
+                **{f"exit_{k}": t.get(k) for k in ("speedup_lo", "speedup_hi", "load_before", "load_during", "cores",
+                                                    "threads")}}
 
 
 class Deploy(Evaluator):
