@@ -14,6 +14,7 @@ on the test split (accuracy, steps per image, real images/s against fixed depth 
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from pathlib import Path
@@ -143,28 +144,28 @@ def measure(model: nn.Module, loader: Iterable, device: torch.device, criterion:
     fns = runners(model, criterion, threshold, max_steps, min_steps, device, amp, per_step_readouts)
     times: Dict[str, List[float]] = {"adaptive": [], "fixed": []}
     correct = {"adaptive": 0, "fixed": 0}
-    steps, n, warm = [], 0, False
-    load = LoadWatch()
-    for i, (x, y) in enumerate(loader):
-        x, y = x.to(device), torch.as_tensor(y).to(device)
-        if not warm:
-            for f in fns.values():
-                f(x)
-            warm = True
-            load.__enter__()  # the reading before: after the warm-up calls, as the deploy evaluator reads it
-        for name in (("adaptive", "fixed") if i % 2 == 0 else ("fixed", "adaptive")):
-            sync(device)
-            t0 = time.perf_counter()
-            out = fns[name](x)
-            sync(device)
-            times[name].append((time.perf_counter() - t0) / len(x))
-            logits = out[0] if name == "adaptive" else out
-            correct[name] += (logits.argmax(-1) == y).sum().item()
-            if name == "adaptive":
-                steps.append(out[1].cpu())
-        n += len(y)
-        load.sample()
-    load.__exit__(None, None, None)
+    steps, n = [], 0
+    batches = iter(loader)
+    first = next(batches, None)
+    if first is None:
+        raise ValueError("measure: the loader holds no batch")
+    for f in fns.values():  # warm-up, untimed: the load reading comes after it, as the deploy evaluator's
+        f(first[0].to(device))
+    with LoadWatch() as load:
+        for i, (x, y) in enumerate(itertools.chain([first], batches)):
+            x, y = x.to(device), torch.as_tensor(y).to(device)
+            for name in (("adaptive", "fixed") if i % 2 == 0 else ("fixed", "adaptive")):
+                sync(device)
+                t0 = time.perf_counter()
+                out = fns[name](x)
+                sync(device)
+                times[name].append((time.perf_counter() - t0) / len(x))
+                logits = out[0] if name == "adaptive" else out
+                correct[name] += (logits.argmax(-1) == y).sum().item()
+                if name == "adaptive":
+                    steps.append(out[1].cpu())
+            n += len(y)
+            load.sample()
     ips = {k: 1.0 / statistics.median(v) for k, v in times.items()}
     paired = geometric_ratio(times["fixed"], times["adaptive"])  # per batch: fixed-T time over the exit's
     return {"threshold": threshold, "accuracy": correct["adaptive"] / n, "acc_T": correct["fixed"] / n,
