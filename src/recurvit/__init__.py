@@ -1,7 +1,8 @@
 """recurvit: recurrent-depth vision transformers.
 
-Public API: ``create_model``, ``list_models``, ``model_config``, ``load`` / ``load_model`` and the run config
-dataclasses. Attributes are imported on first use (PEP 562), so ``import recurvit`` and the
+Public API: ``create_model``, ``list_models``, ``model_config``, ``load`` / ``load_model`` (a run, an export,
+or the name of a model shipped with the package: ``list_pretrained``) and the run config dataclasses.
+Attributes are imported on first use (PEP 562), so ``import recurvit`` and the
 command line's ``--help`` do not pay for importing torch.
 """
 from importlib import import_module
@@ -16,14 +17,16 @@ _LAZY = {
     "create_model": "recurvit.models", "list_models": "recurvit.models", "model_config": "recurvit.models",
     "load_config": "recurvit.config", "ModelConfig": "recurvit.config", "DataConfig": "recurvit.config",
     "TrainConfig": "recurvit.config", "RunConfig": "recurvit.config", "predict": "recurvit.export",
+    "list_pretrained": "recurvit.pretrained",
 }
 __all__ = ["create_model", "list_models", "load", "load_model", "model_config", "load_config", "predict",
-           "ModelConfig", "DataConfig", "TrainConfig", "RunConfig", "__version__"]
+           "list_pretrained", "ModelConfig", "DataConfig", "TrainConfig", "RunConfig", "__version__"]
 
 
 def load(path, map_location="cpu", **overrides):
     """What a run directory, a checkpoint file, a folder written by ``recurvit export --format hf`` or a
-    ``.safetensors`` file written by ``--format safetensors`` holds: a :class:`recurvit.run.load.Loaded`
+    ``.safetensors`` file written by ``--format safetensors`` holds (or the model shipped as ``path``:
+    ``list_pretrained()``): a :class:`recurvit.run.load.Loaded`
     (``.model`` in eval mode with its trained weights, ``.config`` its run config). ``overrides`` are core
     options to run it with (e.g. ``core="ode"``, ``method="rk4"``, ``steps=24``)."""
     from .run.load import load as _load

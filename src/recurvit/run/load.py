@@ -56,8 +56,9 @@ class Loaded:
 def load(path: str | Path, map_location: Any = "cpu", **overrides) -> Loaded:
     """The model at ``path`` (a run directory, a checkpoint, an hf-exported folder or a safetensors export)
     with its weights, in eval mode, on ``map_location``; ``overrides`` are core options to run it with
-    (``core="ode"``, ``method="rk4"``, ``steps=24``: parameters must still match the weights)."""
-    p = Path(path)
+    (``core="ode"``, ``method="rk4"``, ``steps=24``: parameters must still match the weights). ``path`` may
+    also name a model shipped with the package (:mod:`recurvit.pretrained`); a path that exists wins."""
+    p = _shipped_or_path(path)
     if is_hf_folder(p) or (p.suffix == ".safetensors" and is_hf_folder(p.parent) and p.name == "model.safetensors"):
         folder = p if p.is_dir() else p.parent
         config = _json(folder / "config.json", folder)
@@ -84,6 +85,20 @@ def load_model(path: str | Path, map_location: Any = "cpu", **overrides) -> nn.M
     """The classifier at ``path`` (see :func:`load`), its model alone; a run of a task whose model is not a
     classifier (a LoopVAE run) is one line naming the command that reads it."""
     return load(path, map_location, **overrides).classifier(path).model
+
+
+def _shipped_or_path(path: str | Path) -> Path:
+    """``path``, or the file of the shipped model it names; a bare name that is neither is one line that
+    lists the shipped names."""
+    from ..pretrained import list_pretrained, looks_like_a_name, path_of
+
+    shipped = path_of(path)
+    if shipped is not None:
+        return shipped
+    if looks_like_a_name(path):
+        raise UserError(f"no run, checkpoint or shipped model named {path!s} (shipped: "
+                        f"{', '.join(list_pretrained()) or 'none'})")
+    return Path(path)
 
 
 def is_hf_folder(path: str | Path) -> bool:
