@@ -8,7 +8,7 @@ process; the folder gets horizon.csv / .json / .png), then writes ``OUT/report.m
 RUN/metrics.jsonl, and per checkpoint DeepThinking's solved and the strict one at T, 2T, 4T and 10T a size,
 the best iteration and the state's growth from T to 10T), ``OUT/budget.png`` (solved at T and at K against
 training steps, a line a size) and a copy of ``metrics.jsonl``. Rerun it as checkpoints arrive: sweeps done
-are kept.
+are kept. Each horizon.png is drawn again from its CSV with DeepThinking's solved dotted beside the strict one.
 """
 from __future__ import annotations
 
@@ -40,6 +40,16 @@ def curves(folder: Path) -> dict:
     return out
 
 
+def replot(c: dict, folder: Path, epoch: int, K: int) -> None:
+    """folder/horizon.png drawn again from its horizon.csv, DeepThinking's solved dotted beside the strict one."""
+    from recurvit.analysis.mazes import plot_solved
+
+    T = json.loads((folder / "horizon.json").read_text())["trained_steps"]
+    sweeps = {size: {"step": sorted(by), "solved": [by[k][0] for k in sorted(by)],
+                     "solved_open": [by[k][1] for k in sorted(by)]} for size, by in c.items()}
+    plot_solved(sweeps, T, folder / "horizon.png", title=f"epoch {epoch}: trained at 9x9, T = {T}, swept to {K}")
+
+
 def pct(v) -> str:
     return "-" if v is None else f"{100 * v:.1f}"
 
@@ -64,6 +74,7 @@ def report(run: Path, out: Path, steps_per_epoch: int) -> None:
         epoch = int(path.parent.name.split("_")[1])
         c = curves(path.parent)
         K = max(max(v) for v in c.values())
+        replot(c, path.parent, epoch, K)
         lines += ["", f"## Checkpoint at epoch {epoch} ({epoch * steps_per_epoch:,} steps), swept to {K} iterations",
                   "", f"![solved against iterations]({path.parent.name}/horizon.png)", "",
                   "| size | solved at T | 2T | 4T | 10T | at K | best (iteration) | strict at T | strict at 10T | "

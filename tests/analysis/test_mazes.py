@@ -199,3 +199,18 @@ def test_deepthinkings_solved_in_the_sweep_forgives_walls_and_nothing_else():
     sw = maze_sweep(Scripted(logits), [(x, y)], torch.device("cpu"), max_steps=2)
     assert sw["solved"] == [0.0, 0.0] and sw["solved_open"] == [1.0, 0.0]
     assert summarize_mazes({9: sw}, trained=1)[0]["solved_open_T"] == 1.0
+
+
+def test_plot_solved_dots_deepthinkings_solved_only_where_it_differs_from_the_strict_one(tmp_path):
+    from matplotlib.figure import Figure
+
+    def dotted(sweeps):
+        ax = Figure().add_subplot()
+        plot_solved(sweeps, 2, tmp_path / "unused.png", ax=ax)
+        return [ln for ln in ax.get_lines() if ln.get_linestyle() == ":" and len(ln.get_xdata())]
+
+    same = {9: {"step": [1, 2, 4], "solved": [0.1, 0.5, 0.9], "solved_open": [0.1, 0.5, 0.9]}}
+    assert dotted(same) == []
+    differs = {9: {"step": [1, 2, 4], "solved": [0.0, 0.0, 0.0], "solved_open": [0.06, 0.0, 0.0]}, 13: same[9]}
+    lines = dotted(differs)
+    assert len(lines) == 1 and list(lines[0].get_ydata()) == [0.06, 0.0, 0.0]

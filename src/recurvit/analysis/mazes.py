@@ -251,16 +251,22 @@ def summarize_mazes(sweeps: Mapping[int, Dict[str, object]], trained: int) -> Li
 
 def plot_solved(sweeps: Mapping[int, Dict[str, object]], trained: int, path: Path, title: str = "",
                 ax=None) -> None:
-    """Solved against test-time iterations (log axis), one line a maze size, the training depth marked.
-    With ``ax`` (a matplotlib Axes) draws there and writes nothing (side-by-side figures)."""
+    """Solved against test-time iterations (log axis), one line a maze size, the training depth marked; where a
+    sweep's DeepThinking's solved (``solved_open``, walls zeroed) differs from the strict one, it is dotted. With ``ax`` (a matplotlib Axes) draws there and writes nothing (side-by-side figures)."""
     from matplotlib.figure import Figure
 
     fig = None
     if ax is None:
         fig = Figure(figsize=(6, 3.6), dpi=120)
         ax = fig.add_subplot()
+    dashed = False
     for size, sw in sorted(sweeps.items()):
-        ax.plot(sw["step"], sw["solved"], label=f"{size}x{size}")
+        line, = ax.plot(sw["step"], sw["solved"], label=f"{size}x{size}")
+        if sw.get("solved_open") is not None and list(sw["solved_open"]) != list(sw["solved"]):
+            ax.plot(sw["step"], sw["solved_open"], color=line.get_color(), ls=":", lw=1)  # walls zeroed
+            dashed = True
+    if dashed:
+        ax.plot([], [], color="grey", ls=":", lw=1, label="dotted: DeepThinking's solved (walls zeroed)")
     ax.axvline(trained, color="k", ls="--", lw=1, label=f"training depth T={trained}")
     ax.set_xscale("log")
     ax.set_xlabel("test-time iterations")
