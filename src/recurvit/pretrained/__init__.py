@@ -7,7 +7,7 @@
 
 Each is a safetensors export (``recurvit export RUN --format safetensors``: the weights, the model's
 arguments and its preprocessing) listed in ``index.yaml`` beside it with the command and commit that trained
-it and the figures its run measured on its test split; ``python scripts/ship_model.py RUN NAME --about ...``
+it and the figures measured on the exported file itself, on its run's test split; ``python scripts/ship_model.py RUN NAME --about ...``
 writes both, so nothing in the index is typed by hand. A path that exists always wins over a shipped name.
 ``tests/pretrained/test_shipped.py`` loads every shipped model in a fresh process and checks it on inputs its
 run never saw. Reading the index imports neither torch nor timm.
