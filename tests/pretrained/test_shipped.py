@@ -17,12 +17,10 @@ NAMES = list_pretrained()
 def _fresh_mazes(entry, n):
     """``n`` mazes at the training size from a seed the run never used, none of them a training or validation
     maze of the run."""
-    from recurvit.data.mazes import MazeDataset, make_mazes
+    from recurvit.data.mazes import MazeDataset, make_mazes, seen_keys
 
     size, seed = entry.train_size, entry.data["maze_seed"]
-    seen = set()
-    make_mazes(entry.data["maze_train"], size, seed, "train", keys_out=seen)
-    make_mazes(entry.data["maze_val"], size, seed, "val", exclude=set(seen), keys_out=seen)
+    seen = seen_keys(entry.data["maze_train"], entry.data["maze_val"], size, seed)
     return MazeDataset(*make_mazes(n, size, seed + 1, "test", exclude=seen), size)
 
 

@@ -281,14 +281,19 @@ def maze_test_sets(cfg: DataConfig) -> Dict[int, MazeDataset]:
     check_maze_cfg(cfg)
     seed, out = cfg.maze_seed, {}
     for size in sorted(set(cfg.maze_test_sizes)):
-        exclude: Optional[Set[bytes]] = None
-        if size == cfg.maze_size:
-            exclude = set()
-            make_mazes(cfg.maze_train, size, seed, "train", keys_out=exclude)
-            make_mazes(cfg.maze_val, size, seed, "val", exclude=set(exclude), keys_out=exclude)
+        exclude = seen_keys(cfg.maze_train, cfg.maze_val, size, seed) if size == cfg.maze_size else None
         out[size] = MazeDataset(*make_mazes(cfg.maze_test, size, seed, "test", exclude=exclude), size)
     return out
 
 
+def seen_keys(n_train: int, n_val: int, size: int, seed: int) -> Set[bytes]:
+    """The keys of every maze a run with these splits trained or validated on (its training split, then its
+    validation split, drawn as build_mazes draws them): what a test split at the training size excludes."""
+    seen: Set[bytes] = set()
+    make_mazes(n_train, size, seed, "train", keys_out=seen)
+    make_mazes(n_val, size, seed, "val", exclude=set(seen), keys_out=seen)
+    return seen
+
+
 __all__ = ["CLASS_NAMES", "MazeDataset", "build_mazes", "carve", "cells_per_side", "draw", "make_mazes",
-           "maze_pixels", "maze_test_sets", "to_pixels"]
+           "maze_pixels", "maze_test_sets", "seen_keys", "to_pixels"]
