@@ -9,6 +9,11 @@ RUN/metrics.jsonl, and per checkpoint DeepThinking's solved and the strict one a
 the best iteration and the state's growth from T to 10T), ``OUT/budget.png`` (solved at T and at K against
 training steps, a line a size) and a copy of ``metrics.jsonl``. Rerun it as checkpoints arrive: sweeps done
 are kept. Each horizon.png is drawn again from its CSV with DeepThinking's solved dotted beside the strict one.
+
+The report also says how far each part of the network has moved from its initialisation at each kept checkpoint
+(the relative RMS change ||w - w0|| / ||w0|| of the projection, the shared recurrent block and the head; w0 rebuilt
+from the run's config and seed exactly as ``recurvit train`` builds it, before any step), and, with
+``--reference RUN`` (another run, e.g. one trained on a different recipe), the same for that run's last.pt.
 """
 from __future__ import annotations
 
@@ -50,11 +55,62 @@ def replot(c: dict, folder: Path, epoch: int, K: int) -> None:
     plot_solved(sweeps, T, folder / "horizon.png", title=f"epoch {epoch}: trained at 9x9, T = {T}, swept to {K}")
 
 
+def initial_weights(run: Path) -> dict:
+    """The weights ``recurvit train`` started RUN from: its config's seed, the loaders built, then the model (the
+    order of train.fit and the dense task's build, so the same draws)."""
+    from recurvit.config import load_config
+    from recurvit.run.checkpoint import build_model_from_config
+    from recurvit.run.device import seed_everything
+    from recurvit.run.loaders import build_loaders, resolve_model_config
+
+    cfg = load_config(run / "config.yaml")
+    seed_everything(cfg.train.seed)
+    _, _, info = build_loaders(cfg)
+    return build_model_from_config(resolve_model_config(cfg, info)).state_dict()
+
+
+def part(name: str) -> str:
+    from recurvit.train.optim import BLOCKS
+
+    return "recurrent block" if name.startswith(BLOCKS) else name.split(".")[0]
+
+
+def drift(init: dict, ckpt: Path) -> dict:
+    """{part: ||w - w0|| / ||w0||} over each part's weights (the projection, the shared block, the head)."""
+    from recurvit.run.checkpoint import load_checkpoint
+
+    state, sums = load_checkpoint(ckpt)["model"], {}
+    for name, w0 in init.items():
+        d, n = sums.get(part(name), (0.0, 0.0))
+        sums[part(name)] = (d + (state[name].float() - w0.float()).pow(2).sum().item(), n + w0.float().pow(2).sum().item())
+    return {p: (d / n) ** 0.5 for p, (d, n) in sums.items()}
+
+
+def drift_lines(run: Path, reference: Path | None, steps_per_epoch: int) -> list:
+    init = initial_weights(run)
+    rows = [(f"{run.name} epoch {int(c.stem.split('_')[1])} ({int(c.stem.split('_')[1]) * steps_per_epoch:,} steps)",
+             drift(init, c)) for c in sorted(run.glob("epoch_*.pt"))]
+    if reference is not None:
+        from recurvit.config import load_config
+
+        rc = load_config(reference / "config.yaml")
+        steps = rc.train.epochs * -(-rc.data.maze_train // rc.train.batch_size)  # every batch, the last one too
+        rows.append((f"reference: {reference.name}, last.pt ({steps:,} steps, T = {rc.model.steps}, block lr x "
+                     f"{1 / rc.model.steps if rc.train.lr_throttle else rc.train.block_lr_scale:.3g})",
+                     drift(initial_weights(reference), reference / "last.pt")))
+    parts = list(rows[0][1]) if rows else []
+    lines = ["", "## How far each part has moved from its initialisation", "",
+             "||w - w0|| / ||w0|| over the part's weights, w0 rebuilt from the run's config and seed as `recurvit train` "
+             "builds it.", "", "| checkpoint | " + " | ".join(parts) + " |", "|---|" + "---|" * len(parts)]
+    lines += [f"| {name} | " + " | ".join(f"{d[p]:.3f}" for p in parts) + " |" for name, d in rows]
+    return lines
+
+
 def pct(v) -> str:
     return "-" if v is None else f"{100 * v:.1f}"
 
 
-def report(run: Path, out: Path, steps_per_epoch: int) -> None:
+def report(run: Path, out: Path, steps_per_epoch: int, reference: Path | None = None) -> None:
     metrics = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     shutil.copy(run / "metrics.jsonl", out / "metrics.jsonl")
     T = json.loads(next(iter(sorted(out.glob("epoch_*/horizon.json")))).read_text())["trained_steps"] \
@@ -87,6 +143,7 @@ def report(run: Path, out: Path, steps_per_epoch: int) -> None:
                          f"{pct(at(K))} | {pct(by_step[best][1])} ({best}) | {pct(at(T, 0))} | {pct(at(10 * T, 0))} | "
                          f"{'-' if growth is None else f'{growth:.2f}'} |")
             budget.setdefault(size, []).append((epoch * steps_per_epoch, at(T), at(K)))
+    lines += drift_lines(run, reference, steps_per_epoch)
     (out / "report.md").write_text("\n".join(lines) + "\n")
     if budget:
         import matplotlib
@@ -115,12 +172,13 @@ def main() -> int:
     ap.add_argument("--mazes", type=int, default=100)
     ap.add_argument("--steps-per-epoch", type=int, default=800)
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--reference", type=Path, help="another run whose last.pt's drift from init the report shows")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         for ckpt in sorted(args.run.glob("epoch_*.pt")):
             sweep(ckpt, args.out / ckpt.stem, args.steps, args.sizes, args.mazes)
-    report(args.run, args.out, args.steps_per_epoch)
+    report(args.run, args.out, args.steps_per_epoch, args.reference)
     return 0
 
 
