@@ -75,11 +75,12 @@ def part(name: str) -> str:
     return "recurrent block" if name.startswith(BLOCKS) else name.split(".")[0]
 
 
-def drift(init: dict, ckpt: Path) -> dict:
-    """{part: ||w - w0|| / ||w0||} over each part's weights (the projection, the shared block, the head)."""
+def drift(init: dict, ckpt: Path | dict) -> dict:
+    """{part: ||w - w0|| / ||w0||} over each part's weights (the projection, the shared block, the head); ``ckpt``
+    a checkpoint file or one already loaded."""
     from recurvit.run.checkpoint import load_checkpoint
 
-    state, sums = load_checkpoint(ckpt)["model"], {}
+    state, sums = (ckpt if isinstance(ckpt, dict) else load_checkpoint(ckpt))["model"], {}
     for name, w0 in init.items():
         d, n = sums.get(part(name), (0.0, 0.0))
         sums[part(name)] = (d + (state[name].float() - w0.float()).pow(2).sum().item(), n + w0.float().pow(2).sum().item())
@@ -91,13 +92,13 @@ def drift_lines(run: Path, reference: Path | None, steps_per_epoch: int) -> list
     rows = [(f"{run.name} epoch {int(c.stem.split('_')[1])} ({int(c.stem.split('_')[1]) * steps_per_epoch:,} steps)",
              drift(init, c)) for c in sorted(run.glob("epoch_*.pt"))]
     if reference is not None:
-        from recurvit.config import load_config
+        from recurvit.run.checkpoint import load_checkpoint
 
-        rc = load_config(reference / "config.yaml")
-        steps = rc.train.epochs * -(-rc.data.maze_train // rc.train.batch_size)  # every batch, the last one too
-        rows.append((f"reference: {reference.name}, last.pt ({steps:,} steps, T = {rc.model.steps}, block lr x "
-                     f"{1 / rc.model.steps if rc.train.lr_throttle else rc.train.block_lr_scale:.3g})",
-                     drift(initial_weights(reference), reference / "last.pt")))
+        ckpt = load_checkpoint(reference / "last.pt")  # its steps and block lr scale as trained, not recomputed
+        scale = ckpt["optimizer"]["param_groups"][-1].get("lr_scale", 1.0)
+        rows.append((f"reference: {reference.name}, last.pt ({ckpt['scheduler']['last_epoch']:,} steps, T = "
+                     f"{ckpt['config']['model']['steps']}, block lr x {scale:.3g})",
+                     drift(initial_weights(reference), ckpt)))
     parts = list(rows[0][1]) if rows else []
     lines = ["", "## How far each part has moved from its initialisation", "",
              "||w - w0|| / ||w0|| over the part's weights, w0 rebuilt from the run's config and seed as `recurvit train` "
