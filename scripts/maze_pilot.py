@@ -14,6 +14,12 @@ The report also says how far each part of the network has moved from its initial
 (the relative RMS change ||w - w0|| / ||w0|| of the projection, the shared recurrent block and the head; w0 rebuilt
 from the run's config and seed exactly as ``recurvit train`` builds it, before any step), and, with
 ``--reference RUN`` (another run, e.g. one trained on a different recipe), the same for that run's last.pt.
+
+It ends with the pilot's rule 1 (docs/results.md, "The pilot's rules", committed before the epochs it judges): the run
+*reproduces* DeepThinking where DeepThinking's solved at 10T is at least 95% at 9x9 and 90% at 33x33, both for the
+checkpoint kept at the run's last epoch (40,000 steps on the recipe) and for best.pt (chosen on validation), which is
+swept into ``OUT/best/`` once the run has trained all its epochs. Before that the rule is "undecided", and the
+latest kept checkpoint's reading is shown as such.
 """
 from __future__ import annotations
 
@@ -24,6 +30,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from recurvit.run.rundir import RunDir
+
+RULE1 = {9: 0.95, 33: 0.90}  # size -> DeepThinking's solved at 10T that rule 1 asks (issue 55's target)
 
 
 def sweep(ckpt: Path, out: Path, steps: int, sizes, mazes: int) -> None:
@@ -107,12 +117,53 @@ def drift_lines(run: Path, reference: Path | None, steps_per_epoch: int) -> list
     return lines
 
 
+def rule1(c: dict, T: int) -> str:
+    """Rule 1 on one sweep's curves ({size: {step: (strict, solved, rms)}}): 'meets', 'fails: ...' (each size
+    below its bar, with its figure) or 'undecided: ...' (a size or 10T not swept)."""
+    short = []
+    for size, need in RULE1.items():
+        if 10 * T not in c.get(size, {}):
+            return f"undecided: {size}x{size} not swept to {10 * T} iterations"
+        got = c[size][10 * T][1]
+        if round(got, 9) < need:
+            short.append(f"{size}x{size} {100 * got:.1f}% < {100 * need:.0f}%")
+    return "meets" if not short else "fails: " + "; ".join(short)
+
+
+def rule1_lines(run: Path, out: Path, T: int, epochs: int, done: int, steps_per_epoch: int) -> list:
+    """The report's rule-1 table: the last epoch's kept checkpoint and best.pt once the run is complete, else the
+    latest kept checkpoint's reading, marked as not the rule's."""
+    def cells(folder: Path) -> str:
+        c = curves(folder)
+        at = lambda s: pct(c[s][10 * T][1]) if 10 * T in c.get(s, {}) else "-"  # noqa: E731
+        return f"{at(9)} | {at(33)} | {rule1(c, T)}"
+
+    lines = ["", "## Rule 1: does the run reproduce DeepThinking?", "",
+             f"DeepThinking's solved at 10T ({10 * T} iterations) must be at least 95% at 9x9 and 90% at 33x33, for "
+             f"the checkpoint kept at the last epoch ({epochs * steps_per_epoch:,} steps) and for best.pt (docs/results.md, "
+             "\"The pilot's rules\", committed before the epochs it judges).", "",
+             "| checkpoint | 9x9 at 10T (%) | 33x33 at 10T (%) | verdict |", "|---|---|---|---|"]
+    last, best = out / f"epoch_{epochs:04d}", out / "best"
+    if done >= epochs and (last / "horizon.csv").is_file() and (best / "horizon.csv").is_file():
+        lines.append(f"| epoch {epochs} ({epochs * steps_per_epoch:,} steps) | {cells(last)} |")
+        import torch
+        epoch = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["epoch"]
+        lines.append(f"| best.pt (epoch {epoch}, chosen on validation) | {cells(best)} |")
+        return lines
+    kept = sorted(out.glob("epoch_*/horizon.csv"))
+    if kept:
+        e = int(kept[-1].parent.name.split("_")[1])
+        lines.append(f"| epoch {e} ({e * steps_per_epoch:,} steps): not the rule's checkpoint | {cells(kept[-1].parent)} |")
+    lines += ["", f"**Undecided**: the run has trained {done} of its {epochs} epochs."]
+    return lines
+
+
 def pct(v) -> str:
     return "-" if v is None else f"{100 * v:.1f}"
 
 
 def report(run: Path, out: Path, steps_per_epoch: int, reference: Path | None = None) -> None:
-    metrics = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    metrics = RunDir(run, created=False, owner=False).read_metrics()
     shutil.copy(run / "metrics.jsonl", out / "metrics.jsonl")
     T = json.loads(next(iter(sorted(out.glob("epoch_*/horizon.json")))).read_text())["trained_steps"] \
         if list(out.glob("epoch_*/horizon.json")) else None
@@ -145,6 +196,8 @@ def report(run: Path, out: Path, steps_per_epoch: int, reference: Path | None = 
                          f"{'-' if growth is None else f'{growth:.2f}'} |")
             budget.setdefault(size, []).append((epoch * steps_per_epoch, at(T), at(K)))
     lines += drift_lines(run, reference, steps_per_epoch)
+    if T is not None:
+        lines += rule1_lines(run, out, T, epochs_of(run), metrics[-1]["epoch"] if metrics else 0, steps_per_epoch)
     (out / "report.md").write_text("\n".join(lines) + "\n")
     if budget:
         import matplotlib
@@ -164,6 +217,11 @@ def report(run: Path, out: Path, steps_per_epoch: int, reference: Path | None = 
     print(f"wrote {out / 'report.md'}")
 
 
+def epochs_of(run: Path) -> int:
+    import yaml
+    return int(yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path)
@@ -179,6 +237,9 @@ def main() -> int:
     if not args.report_only:
         for ckpt in sorted(args.run.glob("epoch_*.pt")):
             sweep(ckpt, args.out / ckpt.stem, args.steps, args.sizes, args.mazes)
+        done = RunDir(args.run, created=False, owner=False).read_metrics()
+        if done and done[-1]["epoch"] >= epochs_of(args.run) and (args.run / "best.pt").is_file():
+            sweep(args.run / "best.pt", args.out / "best", args.steps, args.sizes, args.mazes)
     report(args.run, args.out, args.steps_per_epoch, args.reference)
     return 0
 

@@ -15,17 +15,18 @@ OUT/widths.png (train loss against steps, a line a width).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from recurvit.run.rundir import METRICS, RunDir
 
 MARGIN = 0.01
 FROM = 5
 
 
 def read(path: Path) -> dict[int, dict]:
-    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-    return {r["epoch"]: r for r in rows}
+    """{epoch: metrics line} of a run's metrics.jsonl (read as the runner reads it)."""
+    return {r["epoch"]: r for r in RunDir(path.parent, created=False, owner=False).read_metrics()}
 
 
 def verdict(ref: dict[int, dict], other: dict[int, dict], margin: float = MARGIN, start: int = FROM) -> str:
@@ -52,8 +53,8 @@ def main() -> int:
     runs = []
     for spec in args.runs:
         path, _, width = spec.rpartition(":")
-        if not path or not width.isdigit() or not Path(path).is_file():
-            print(f"error: {spec!r} is not METRICS.jsonl:WIDTH with an existing file", file=sys.stderr)
+        if not path or not width.isdigit() or not Path(path).is_file() or Path(path).name != METRICS:
+            print(f"error: {spec!r} is not METRICS.jsonl:WIDTH with an existing run's {METRICS}", file=sys.stderr)
             return 2
         runs.append((int(width), Path(path), read(Path(path))))
     ref_w, _, ref = runs[0]
