@@ -1,0 +1,63 @@
+"""scripts/fork_run.py (issue 55's ablations): a fork with nothing changed trains its parent's next epoch bit for bit;
+a fork with the block's lr scale changed trains that epoch with the new scale and nothing else changed; bad input is
+one line and exit 2 with nothing written. Every command in a fresh process, from a folder outside the repository."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+FORK = ROOT / "scripts" / "fork_run.py"
+TINY = ["data.maze_train=60", "data.maze_val=20", "data.maze_test=10", "data.maze_test_sizes=[9]", "model.steps=3",
+        "train.progress=false", "train.warmup_epochs=0"]
+
+
+def _run(cwd: Path, *cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *cmd], capture_output=True, text=True, cwd=cwd)
+
+
+def _epochs(run: Path) -> list:
+    return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _block_groups(run: Path) -> list:
+    groups = torch.load(run / "last.pt", map_location="cpu", weights_only=False)["optimizer"]["param_groups"]
+    return [(g["lr_scale"], g["lr"]) for g in groups if "lr_scale" in g]
+
+
+@pytest.mark.slow
+def test_a_fork_replays_its_parent_or_changes_only_the_block_lr(tmp_path):
+    res = _run(tmp_path, "-m", "recurvit", "train", str(ROOT / "configs/mazes/dt_recall_deepthinking.yaml"), *TINY,
+               "train.epochs=1", "--out", "parent")
+    assert res.returncode == 0, res.stderr
+    assert _run(tmp_path, str(FORK), "parent", "--out", "same").returncode == 0
+    res = _run(tmp_path, str(FORK), "parent", "--out", "fast", "--block-lr-scale", "1")
+    assert res.returncode == 0 and "block lr_scale 0.333333 -> 1" in res.stdout, res.stdout + res.stderr
+    assert json.loads((tmp_path / "fast" / "fork.json").read_text())["changed"] == {"block lr_scale": [1 / 3, 1.0]}
+    for run in ("parent", "same", "fast"):
+        res = _run(tmp_path, "-m", "recurvit", "train", "--resume", run, "train.epochs=2")
+        assert res.returncode == 0, res.stderr
+    parent, same, fast = (_epochs(tmp_path / r) for r in ("parent", "same", "fast"))
+    assert [m["train_loss"] for m in same] == [m["train_loss"] for m in parent]  # bit for bit, both epochs
+    assert fast[0] == parent[0] and fast[1]["train_loss"] != parent[1]["train_loss"]
+    assert _block_groups(tmp_path / "parent") == [(1 / 3, 1e-3 / 3)]  # the throttle: lr / T, T = 3
+    assert _block_groups(tmp_path / "fast") == [(1.0, 1e-3)]
+
+
+def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path):
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("kept")
+    for args in (["nowhere", "--out", "f1"], [str(tmp_path), "--out", "f2"]):
+        res = _run(tmp_path, str(FORK), *args)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("error: ")
+    assert not (tmp_path / "f1").exists() and not (tmp_path / "f2").exists()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("{}\n")
+    (tmp_path / "run" / "last.pt").write_bytes(b"")
+    for args in (["--out", "busy"], ["--out", "f3", "--block-lr-scale", "0"], ["--out", "f4", "--block-lr-scale", "nan"]):
+        res = _run(tmp_path, str(FORK), "run", *args)
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert (tmp_path / "busy" / "x").read_text() == "kept" and not list(tmp_path.glob("f[34]"))
