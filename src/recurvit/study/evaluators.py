@@ -54,6 +54,9 @@ class Evaluator:
     columns: ClassVar[tuple] = ()  # the scalar columns it adds, written to results.csv where a run has them
     default: ClassVar[bool] = False  # runs for every study of its task, named in eval: or not
     minimum: ClassVar[Dict[str, int]] = {}  # integer options and the least value each may take
+    # options added after results were recorded: absent means this default, and an absent one is not filled in,
+    # so a result recorded before the option existed still counts as evaluated with it (no re-run on resume)
+    optional: ClassVar[Dict[str, Any]] = {}
 
     def check(self, options: Mapping[str, Any], where: str) -> Dict[str, Any]:
         """The options with their defaults filled in; UserError naming ``where`` for a bad one."""
@@ -61,10 +64,10 @@ class Evaluator:
             if not all(isinstance(v or {}, dict) for v in options.values()):
                 raise UserError(f"{where} maps names to option mappings, e.g. {{rk4: {{method: rk4}}}}")
             return {str(k): dict(v or {}) for k, v in options.items()}
-        unknown = sorted(set(options) - set(self.defaults))
+        unknown = sorted(set(options) - set(self.defaults) - set(self.optional))
         if unknown:
             raise UserError(f"{where}: {self.name} has no option {', '.join(unknown)} "
-                            f"(its options: {', '.join(self.defaults) or 'none'}, and only)")
+                            f"(its options: {', '.join([*self.defaults, *self.optional]) or 'none'}, and only)")
         opts = {**copy.deepcopy(self.defaults), **options}
         for key, least in self.minimum.items():
             v = opts[key]

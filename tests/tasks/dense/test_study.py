@@ -95,6 +95,40 @@ def test_the_columns_read_a_sweep_and_choose_on_validation():
     assert best_iteration([0.1, 0.3, 0.3]) == 2 and slope([1, 1], [0, 1]) is None
 
 
+def test_deepthinkings_solved_and_the_state_growth_are_columns_a_claim_can_read():
+    T, K = 2, 20
+    rule = {"solved": 0.5, "steps_mean": 7.0}
+    strict, open_ = [0.0] * K, [0.1] * 3 + [0.8] * (K - 3)  # walls wrong everywhere: only the open pixels right
+    rms = [1.0 + 0.1 * k for k in range(K)]  # 1.1 at T = 2, 2.9 at 10T = 20
+    sweep = {"solved": strict, "solved_open": open_, "accuracy": strict, "max_conf": rule, "stable": rule,
+             "state_rms": rms}
+    row = columns_of({9: sweep}, sweep, T, "solved_open")
+    assert row["solved_9"] == 0.1 and row["solved_9_10T"] == 0.8 and row["val_best_iter"] == 4
+    assert row["state_growth_9"] == pytest.approx(2.9 / 1.1)
+    plain = columns_of({9: {k: v for k, v in sweep.items() if k != "state_rms"}}, sweep, T)
+    assert plain["solved_9_10T"] == 0.0 and plain["val_best_iter"] == 1 and plain["state_growth_9"] is None
+    assert columns_of({9: sweep}, sweep, 11)["state_growth_9"] is None  # 10T = 110 is past the sweep
+
+
+def test_the_solved_option_is_checked_and_left_out_of_the_record_unless_given():
+    from recurvit.errors import UserError
+    from recurvit.tasks.dense.evaluators import Mazes
+    from recurvit.tasks.dense.study import DenseView, intro
+
+    assert "solved" not in Mazes().check({}, "eval.mazes")  # results recorded before the option stay evaluated
+    assert Mazes().check({"solved": "open"}, "eval.mazes")["solved"] == "open"
+    with pytest.raises(UserError, match="solved must be one of strict, open"):
+        Mazes().check({"solved": "any"}, "eval.mazes")
+    assert "DeepThinking's: the share of test mazes with every open pixel right" in intro([], [0], "open")[0]
+    assert "every pixel right" in intro([], [0])[0] and "open pixel" not in intro([], [0])[0]
+    runs = [{"maze_sweeps": {"9": {"solved": [0.0, 0.0], "solved_open": [0.5, 1.0]}}, "maze_solved": solved}
+            for solved in ("open", "strict")]
+    for rs, want in ((runs[:1], [0.5, 1.0]), (runs[1:], [0.0, 0.0]), (runs, [0.25, 0.5])):
+        c = {}
+        DenseView.fill_cell(DenseView(), c, rs)
+        assert c["sweeps"][9]["solved"] == want
+
+
 def test_a_dense_study_runs_reports_and_decides(tmp_path):
     for name, text in (("dt.yaml", DT), ("vit.yaml", VIT), ("s.yaml", STUDY)):
         (tmp_path / name).write_text(text)

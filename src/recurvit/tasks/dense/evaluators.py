@@ -6,7 +6,10 @@ claims read.
 ``mazes``         (runs by default) the run's last.pt at every size of ``data.maze_test_sizes``, ``mazes``
                   test mazes each, iterations 1..``max_steps_factor`` x T in one pass; the best iteration
                   chosen on the validation split at the training size (never on a test set); the stopping
-                  rules with ``min_steps`` (default T) and ``patience`` fixed here, before any result
+                  rules with ``min_steps`` (default T) and ``patience`` fixed here, before any result;
+                  ``solved``: ``strict`` (default: every pixel right) or ``open`` (DeepThinking's: every open
+                  pixel right, its wall predictions zeroed), which every solved column below and the
+                  validation choice read
 ================  ===================================================================================
 
 Columns for each test size ``s`` (fractions; iterations in block applications):
@@ -21,7 +24,9 @@ Columns for each test size ``s`` (fractions; iterations in block applications):
   whose mask equals those of the ``patience`` iterations before it;
 - ``pixel_acc_<s>`` (at T), ``pixel_acc_<s>_10T``;
 - ``solved_<s>_slope``: least-squares slope of solved over log2 of the iterations T, 2T, 4T, 10T (a share per
-  doubling of the iterations; the per-run trend a claim tests against 0).
+  doubling of the iterations; the per-run trend a claim tests against 0);
+- ``state_growth_<s>``: the recurrent state's RMS at 10T over its RMS at T (1: it stays; a bounded recurrence's
+  claim "within 2x" reads it; None where the sweep stored no state or stops before 10T).
 
 And per run: ``val_solved`` (validation at T), ``val_best_solved`` (at the chosen iteration), ``val_best_iter``,
 ``max_iters``, ``mazes_per_size``, ``rule_conf_iters_slope`` / ``rule_stable_iters_slope`` (least-squares slope
@@ -44,7 +49,8 @@ RUN_COLUMNS = ("val_solved", "val_best_solved", "val_best_iter", "max_iters", "m
                "rule_conf_iters_slope", "rule_stable_iters_slope")
 SIZE_COLUMNS = ("solved_{s}", *(f"solved_{{s}}_{k}T" for k in FACTORS), "best_solved_{s}", "best_iter_{s}",
                 "drop_10T_{s}", "rule_conf_solved_{s}", "rule_conf_iters_{s}", "rule_stable_solved_{s}",
-                "rule_stable_iters_{s}", "pixel_acc_{s}", "pixel_acc_{s}_10T", "solved_{s}_slope")
+                "rule_stable_iters_{s}", "pixel_acc_{s}", "pixel_acc_{s}_10T", "solved_{s}_slope", "state_growth_{s}")
+SOLVED_KEYS = {"strict": "solved", "open": "solved_open"}  # the evaluator's ``solved`` option -> the sweep's curve
 EXAMPLE_KEEP = 16  # mazes of the largest size kept for the picture (the first one solved is shown)
 
 
@@ -68,15 +74,17 @@ def best_iteration(solved: Sequence[float]) -> int:
     return max(range(len(solved)), key=lambda i: (solved[i], -i)) + 1
 
 
-def columns_of(sweeps: Mapping[int, Dict[str, Any]], val: Dict[str, Any], T: int) -> Dict[str, Any]:
+def columns_of(sweeps: Mapping[int, Dict[str, Any]], val: Dict[str, Any], T: int, curve: str = "solved"
+               ) -> Dict[str, Any]:
     """The flat columns of a run (see the module docstring) from its test sweeps {size: maze_sweep} and its
-    validation sweep at the training size."""
-    chosen = best_iteration(val["solved"])
-    K = len(val["solved"])
-    row: Dict[str, Any] = {"val_solved": val["solved"][T - 1] if T <= K else None,
-                           "val_best_solved": val["solved"][chosen - 1], "val_best_iter": chosen, "max_iters": K}
+    validation sweep at the training size; ``curve`` the sweep's solved curve they read (``solved_open``:
+    DeepThinking's)."""
+    chosen = best_iteration(val[curve])
+    K = len(val[curve])
+    row: Dict[str, Any] = {"val_solved": val[curve][T - 1] if T <= K else None,
+                           "val_best_solved": val[curve][chosen - 1], "val_best_iter": chosen, "max_iters": K}
     for s, sw in sorted(sweeps.items()):
-        solved, acc = sw["solved"], sw["accuracy"]
+        solved, acc = sw[curve], sw["accuracy"]
         at = lambda xs, k: xs[k - 1] if k <= len(xs) else None  # noqa: E731
         row[f"solved_{s}"] = at(solved, T)
         for k in FACTORS:
@@ -90,6 +98,9 @@ def columns_of(sweeps: Mapping[int, Dict[str, Any]], val: Dict[str, Any], T: int
         row[f"pixel_acc_{s}"], row[f"pixel_acc_{s}_10T"] = at(acc, T), at(acc, 10 * T)
         row[f"solved_{s}_slope"] = slope([math.log2(k) for k in (1, *FACTORS)],
                                          [at(solved, k * T) for k in (1, *FACTORS)])
+        rms = sw.get("state_rms") or []
+        a, b = at(rms, T), at(rms, 10 * T)
+        row[f"state_growth_{s}"] = b / a if a and b is not None else None
     sizes = sorted(sweeps)
     for key in ("conf", "stable"):
         row[f"rule_{key}_iters_slope"] = slope(sizes, [row[f"rule_{key}_iters_{s}"] for s in sizes])
@@ -111,6 +122,7 @@ def example_of(kept: Dict[str, Any], size: int, K: int) -> Dict[str, Any]:
 class Mazes(Evaluator):
     name = "mazes"
     defaults = {"max_steps_factor": 10, "mazes": 300, "min_steps": None, "patience": PATIENCE, "batch_size": 50}
+    optional = {"solved": "strict"}
     minimum = {"max_steps_factor": 1, "mazes": 1, "patience": 1, "batch_size": 1}
     default = True  # every dense study sweeps sizes x iterations
 
@@ -119,6 +131,8 @@ class Mazes(Evaluator):
         m = opts["min_steps"]
         if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
             raise UserError(f"{where}: min_steps must be an integer >= 1 (or null: the trained depth T), got {m!r}")
+        if opts.get("solved", "strict") not in SOLVED_KEYS:
+            raise UserError(f"{where}: solved must be one of {', '.join(SOLVED_KEYS)}, got {opts['solved']!r}")
         return opts
 
     def __call__(self, run: Evaluated, options: Dict[str, Any]) -> Dict[str, Any]:
@@ -141,7 +155,9 @@ class Mazes(Evaluator):
         sweeps = {s: maze_sweep(model, loader(d), run.device, K, **rule, keep=EXAMPLE_KEEP if s == largest else 0)
                   for s, d in sorted(sets.items())}
         example = example_of(sweeps[largest].pop("kept"), largest, K)
-        return {**columns_of(sweeps, val_sweep, T), "mazes_per_size": o["mazes"], "trained_steps": T,
+        solved = o.get("solved", self.optional["solved"])
+        return {**columns_of(sweeps, val_sweep, T, SOLVED_KEYS[solved]), "mazes_per_size": o["mazes"],
+                "trained_steps": T, "maze_solved": solved,
                 "maze_sweeps": {str(s): sw for s, sw in sweeps.items()}, "maze_val_sweep": val_sweep,
                 "maze_example": example}
 

@@ -34,7 +34,7 @@ from ...study.plateau import plateau_change, plateau_per_seed, plateau_summary
 from ...study.registry import Contrast, View
 from ...study.stats import fmt_ci, mean_ci, paired_differences, welch
 from ..classify.study import check_config, train_run
-from .evaluators import EVALUATORS, RUN_COLUMNS, Mazes, size_columns
+from .evaluators import EVALUATORS, RUN_COLUMNS, SOLVED_KEYS, Mazes, size_columns
 from .plots import maze_picture, solved_panels
 
 _SIZES = range(3, 129, 2)
@@ -80,11 +80,14 @@ def per_size_columns(rows: List[Dict[str, Any]]) -> List[str]:
     return [c for c in size_columns(sizes_of(rows)) if any(r.get(c) is not None for r in rows)]
 
 
-def intro(rows: List[Dict[str, Any]], seeds: list) -> List[str]:
-    """The report's first sentence: runs, seeds, T, what solved, the chosen iteration and the plateau are."""
+def intro(rows: List[Dict[str, Any]], seeds: list, solved: str = "strict") -> List[str]:
+    """The report's first sentence: runs, seeds, T, what solved (the mazes evaluator's ``solved`` option), the
+    chosen iteration and the plateau are."""
     T = sorted({r.get("steps") for r in rows if r.get("steps")})
+    what = ("DeepThinking's: the share of test mazes with every open pixel right (its wall predictions zeroed)"
+            if solved == "open" else "the share of test mazes with every pixel right")
     return [f"{len(rows)} runs; seeds {seeds}; T = trained iterations ({', '.join(map(str, T)) or '-'}). Solved = "
-            "the share of test mazes with every pixel right, in % as mean ± half-width of the 95% t-interval over "
+            f"{what}, in % as mean ± half-width of the 95% t-interval over "
             "seeds, at T and at the most iterations swept (10T by default), read from last.pt. The best iteration "
             "is chosen on the validation split at the training size, never on a test set; Δ last 20% epochs = "
             "the change of each seed's validation solved over its last 20% of epochs (a plateau is near 0).", ""]
@@ -278,16 +281,17 @@ class DenseView(View):
         for col in per_size_columns(rs):
             c[col] = mean_ci([r.get(col) for r in rs])
         c["sizes"] = sizes_of(rs)
-        sweeps = [r["maze_sweeps"] for r in rs if isinstance(r.get("maze_sweeps"), dict)]
+        sweeps = [(r["maze_sweeps"], SOLVED_KEYS[r.get("maze_solved", "strict")]) for r in rs
+                  if isinstance(r.get("maze_sweeps"), dict)]
         c["sweeps"] = {}
-        for s in (sorted({int(k) for sw in sweeps for k in sw}) if sweeps else []):
-            curves = [sw[str(s)]["solved"] for sw in sweeps if str(s) in sw]
+        for s in (sorted({int(k) for sw, _ in sweeps for k in sw}) if sweeps else []):
+            curves = [sw[str(s)][key] for sw, key in sweeps if str(s) in sw]
             K = min(len(x) for x in curves)
             c["sweeps"][s] = {"step": list(range(1, K + 1)), "solved": [sum(x[i] for x in curves) / len(curves)
                                                                          for i in range(K)]}
 
     def tables(self, rows: List[Dict[str, Any]], cs: List[Dict[str, Any]], study, seeds: list) -> List[str]:
-        return intro(rows, seeds) + maze_tables(cs, study)
+        return intro(rows, seeds, study.evaluators.get("mazes", {}).get("solved", "strict")) + maze_tables(cs, study)
 
     def plots(self, cs, study, out_dir: Path) -> List[Tuple[str, str]]:
         """Solved against test-time iterations per size, and one large maze solved (kept when only results.csv
