@@ -19,7 +19,8 @@ It ends with the pilot's rule 1 (docs/results.md, "The pilot's rules", committed
 *reproduces* DeepThinking where DeepThinking's solved at 10T is at least 95% at 9x9 and 90% at 33x33, both for the
 checkpoint kept at the run's last epoch (40,000 steps on the recipe) and for best.pt (chosen on validation), which is
 swept into ``OUT/best/`` once the run has trained all its epochs. Before that the rule is "undecided", and the
-latest kept checkpoint's reading is shown as such.
+latest kept checkpoint's reading is shown as such. The same reading is written to ``OUT/rule1.json``
+(``scripts/maze_widths.py --rule1`` reads it into the pilot's summary).
 """
 from __future__ import annotations
 
@@ -130,31 +131,45 @@ def rule1(c: dict, T: int) -> str:
     return "meets" if not short else "fails: " + "; ".join(short)
 
 
-def rule1_lines(run: Path, out: Path, T: int, epochs: int, done: int, steps_per_epoch: int) -> list:
-    """The report's rule-1 table: the last epoch's kept checkpoint and best.pt once the run is complete, else the
-    latest kept checkpoint's reading, marked as not the rule's."""
-    def cells(folder: Path) -> str:
+def rule1_reading(run: Path, out: Path, T: int, epochs: int, done: int, steps_per_epoch: int) -> dict:
+    """Rule 1 as data (the report's table and OUT/rule1.json): the last epoch's kept checkpoint and best.pt once
+    the run is complete (``decided``), else the latest kept checkpoint's reading, marked as not the rule's."""
+    def row(label: str, folder: Path, epoch: int) -> dict:
         c = curves(folder)
-        at = lambda s: pct(c[s][10 * T][1]) if 10 * T in c.get(s, {}) else "-"  # noqa: E731
-        return f"{at(9)} | {at(33)} | {rule1(c, T)}"
+        at = lambda s: c[s][10 * T][1] if 10 * T in c.get(s, {}) else None  # noqa: E731
+        return {"checkpoint": label, "epoch": epoch, "steps": epoch * steps_per_epoch, "solved_9_10T": at(9),
+                "solved_33_10T": at(33), "verdict": rule1(c, T)}
 
-    lines = ["", "## Rule 1: does the run reproduce DeepThinking?", "",
-             f"DeepThinking's solved at 10T ({10 * T} iterations) must be at least 95% at 9x9 and 90% at 33x33, for "
-             f"the checkpoint kept at the last epoch ({epochs * steps_per_epoch:,} steps) and for best.pt (docs/results.md, "
-             "\"The pilot's rules\", committed before the epochs it judges).", "",
-             "| checkpoint | 9x9 at 10T (%) | 33x33 at 10T (%) | verdict |", "|---|---|---|---|"]
+    reading = {"run": run.name, "T": T, "epochs": epochs, "done": done, "steps": epochs * steps_per_epoch,
+               "decided": False, "rows": []}
     last, best = out / f"epoch_{epochs:04d}", out / "best"
     if done >= epochs and (last / "horizon.csv").is_file() and (best / "horizon.csv").is_file():
-        lines.append(f"| epoch {epochs} ({epochs * steps_per_epoch:,} steps) | {cells(last)} |")
         import torch
         epoch = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["epoch"]
-        lines.append(f"| best.pt (epoch {epoch}, chosen on validation) | {cells(best)} |")
-        return lines
+        reading["decided"] = True
+        reading["rows"] = [row(f"epoch {epochs} ({epochs * steps_per_epoch:,} steps)", last, epochs),
+                           row(f"best.pt (epoch {epoch}, chosen on validation)", best, epoch)]
+        return reading
     kept = sorted(out.glob("epoch_*/horizon.csv"))
     if kept:
         e = int(kept[-1].parent.name.split("_")[1])
-        lines.append(f"| epoch {e} ({e * steps_per_epoch:,} steps): not the rule's checkpoint | {cells(kept[-1].parent)} |")
-    lines += ["", f"**Undecided**: the run has trained {done} of its {epochs} epochs."]
+        reading["rows"] = [row(f"epoch {e} ({e * steps_per_epoch:,} steps): not the rule's checkpoint", kept[-1].parent,
+                               e)]
+    return reading
+
+
+def rule1_lines(reading: dict) -> list:
+    """The report's rule-1 section from :func:`rule1_reading`."""
+    T, epochs = reading["T"], reading["epochs"]
+    lines = ["", "## Rule 1: does the run reproduce DeepThinking?", "",
+             f"DeepThinking's solved at 10T ({10 * T} iterations) must be at least 95% at 9x9 and 90% at 33x33, for "
+             f"the checkpoint kept at the last epoch ({reading['steps']:,} steps) and for best.pt (docs/results.md, "
+             "\"The pilot's rules\", committed before the epochs it judges).", "",
+             "| checkpoint | 9x9 at 10T (%) | 33x33 at 10T (%) | verdict |", "|---|---|---|---|"]
+    lines += [f"| {r['checkpoint']} | {pct(r['solved_9_10T'])} | {pct(r['solved_33_10T'])} | {r['verdict']} |"
+              for r in reading["rows"]]
+    if not reading["decided"]:
+        lines += ["", f"**Undecided**: the run has trained {reading['done']} of its {epochs} epochs."]
     return lines
 
 
@@ -197,7 +212,9 @@ def report(run: Path, out: Path, steps_per_epoch: int, reference: Path | None = 
             budget.setdefault(size, []).append((epoch * steps_per_epoch, at(T), at(K)))
     lines += drift_lines(run, reference, steps_per_epoch)
     if T is not None:
-        lines += rule1_lines(run, out, T, epochs_of(run), metrics[-1]["epoch"] if metrics else 0, steps_per_epoch)
+        reading = rule1_reading(run, out, T, epochs_of(run), metrics[-1]["epoch"] if metrics else 0, steps_per_epoch)
+        lines += rule1_lines(reading)
+        (out / "rule1.json").write_text(json.dumps(reading, indent=1) + "\n")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     if budget:
         import matplotlib

@@ -2,6 +2,7 @@
 started from (a run whose steps cannot move a weight has drifted 0.0 in every part), and a run that learns has
 moved its shared block by a measurable fraction, which the report states."""
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,6 @@ def test_report_decides_rule_1_on_the_last_checkpoint_and_best_once_the_run_is_c
     assert best.split(" | ")[1] == f"{100 * c[9][30][1]:.1f}" and best.split(" | ")[3].rstrip(" |") == mp.rule1(c, 3)
     assert last.split(" | ")[3].startswith("fails: ") and "33x33 0.0% < 90%" in last  # one epoch of 60 mazes
     assert "Undecided" not in report
+    reading = json.loads((out / "rule1.json").read_text())
+    assert reading["decided"] and [r["epoch"] for r in reading["rows"]] == [1, 1]
+    assert reading["rows"][1]["verdict"] == mp.rule1(c, 3)

@@ -39,6 +39,8 @@ def test_committed_table_regenerates(tmp_path):
                           "results/mazes_pilot"], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 2  # from outside the repository the relative paths do not exist: one line, no file
     for a in args:
+        if a.startswith("--"):
+            continue
         path = a.rpartition(":")[0]
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text((ROOT / path).read_text())
@@ -46,3 +48,26 @@ def test_committed_table_regenerates(tmp_path):
                    check=True, capture_output=True, cwd=tmp_path)
     assert (tmp_path / "results" / "mazes_pilot" / "widths.md").read_text() == committed.read_text()
     assert json.loads((ROOT / args[0].rpartition(":")[0]).read_text().splitlines()[0])["epoch"] == 1
+
+
+def _reading(decided, *verdicts, done=50):
+    rows = [{"checkpoint": "epoch 50 (40,000 steps)" if i == 0 else "best.pt (epoch 44, chosen on validation)",
+             "epoch": 50 if i == 0 else 44, "steps": 40000, "solved_9_10T": 0.5, "solved_33_10T": 0.0, "verdict": v}
+            for i, v in enumerate(verdicts)]
+    return {"decided": decided, "done": done, "epochs": 50, "steps": 40000, "rows": rows}
+
+
+def test_rule_4_stops_only_when_every_width_has_failed_its_rule():
+    fails, meets = _reading(True, "fails: 33x33 0.0% < 90%", "meets"), _reading(True, "meets", "meets")
+    pending = _reading(False, "fails: 9x9 50.0% < 95%", done=33)
+    assert mw.rule1_word(fails) == "fails" and mw.rule1_word(meets) == "meets" and mw.rule1_word(pending) == "undecided"
+    stop = "stop at the pilot"
+    assert stop in mw.stop_rule(16, {16: fails}, {32: "not faster (epoch 5 misses)"})
+    assert stop in mw.stop_rule(16, {16: fails, 32: fails}, {32: "faster a step (epochs 5-50)"})
+    assert "undecided" in mw.stop_rule(16, {16: fails}, {32: "faster a step (epochs 5-9)"})  # width 32 still running
+    assert "undecided" in mw.stop_rule(16, {16: pending}, {32: "not faster (epoch 5 misses)"})
+    assert "width 32 reproduces" in mw.stop_rule(16, {16: fails, 32: meets}, {32: "faster a step (epochs 5-50)"})
+    line = mw.rule1_line(16, pending)
+    assert "**undecided** after 33 of 50 epochs" in line and "epoch 50 (40,000 steps), 50.0% of 9x9" in line
+    assert "**fails** at 40,000 steps: the last checkpoint (epoch 50) 50.0% of 9x9" in mw.rule1_line(16, fails)
+    assert "best.pt (epoch 44)" in mw.rule1_line(16, fails)
