@@ -64,7 +64,7 @@ def rule1_line(width: int, reading: dict) -> str:
                         "solved at 10T")
     if word == "undecided":
         last = reading["rows"][-1] if reading["rows"] else None
-        read = (f"its latest swept checkpoint, epoch {last['epoch']} ({last['steps']:,} steps), {solved(last)}"
+        read = (f"its latest swept checkpoint, epoch {last['epoch']} at {last['steps']:,} steps, {solved(last)}"
                 if last else "no checkpoint swept yet")
         return (f"width {width}, rule 1 (reproduces DeepThinking): **undecided** after {reading['done']} of "
                 f"{reading['epochs']} epochs ({read})")

@@ -68,6 +68,6 @@ def test_rule_4_stops_only_when_every_width_has_failed_its_rule():
     assert "undecided" in mw.stop_rule(16, {16: pending}, {32: "not faster (epoch 5 misses)"})
     assert "width 32 reproduces" in mw.stop_rule(16, {16: fails, 32: meets}, {32: "faster a step (epochs 5-50)"})
     line = mw.rule1_line(16, pending)
-    assert "**undecided** after 33 of 50 epochs" in line and "epoch 50 (40,000 steps), 50.0% of 9x9" in line
+    assert "**undecided** after 33 of 50 epochs" in line and "epoch 50 at 40,000 steps, 50.0% of 9x9" in line
     assert "**fails** at 40,000 steps: the last checkpoint (epoch 50) 50.0% of 9x9" in mw.rule1_line(16, fails)
     assert "best.pt (epoch 44)" in mw.rule1_line(16, fails)
