@@ -25,11 +25,13 @@ import shutil
 import sys
 from pathlib import Path
 
+from recurvit.errors import UserError
+from recurvit.run.checkpoint import load_checkpoint
 from recurvit.run.rundir import CONFIG, LAST, METRICS
 
 
 def fork(run: Path, out: Path, block_lr_scale: float | None = None) -> dict:
-    """Write the fork; return what fork.json records. Raises ValueError (the one line) on bad input."""
+    """Write the fork; return what fork.json records. Raises ValueError or UserError (the one line) on bad input."""
     import torch
 
     if not (run / LAST).is_file() or not (run / CONFIG).is_file():
@@ -38,7 +40,7 @@ def fork(run: Path, out: Path, block_lr_scale: float | None = None) -> dict:
         raise ValueError(f"--out {out} exists and is not empty; choose another folder")
     if block_lr_scale is not None and not (math.isfinite(block_lr_scale) and block_lr_scale > 0):
         raise ValueError(f"--block-lr-scale must be a positive number, got {block_lr_scale}")
-    state = torch.load(run / LAST, map_location="cpu", weights_only=False)
+    state = load_checkpoint(run / LAST)  # the runner's own loader: tensors and plain types only
     record = {"parent": str(run.resolve()), "epoch": state["epoch"], "changed": {}}
     if block_lr_scale is not None:
         groups = [g for g in state["optimizer"]["param_groups"] if "lr_scale" in g]
@@ -68,7 +70,7 @@ def main() -> int:
     args = ap.parse_args()
     try:
         record = fork(args.run, args.out, args.block_lr_scale)
-    except ValueError as e:
+    except (ValueError, UserError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"forked {args.run} at epoch {record['epoch']} into {args.out}"

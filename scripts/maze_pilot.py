@@ -144,8 +144,9 @@ def rule1_reading(run: Path, out: Path, T: int, epochs: int, done: int, steps_pe
                "decided": False, "rows": []}
     last, best = out / f"epoch_{epochs:04d}", out / "best"
     if done >= epochs and (last / "horizon.csv").is_file() and (best / "horizon.csv").is_file():
-        import torch
-        epoch = torch.load(run / "best.pt", map_location="cpu", weights_only=False)["epoch"]
+        from recurvit.run.checkpoint import load_checkpoint
+
+        epoch = load_checkpoint(run / "best.pt")["epoch"]
         reading["decided"] = True
         reading["rows"] = [row(f"epoch {epochs} ({epochs * steps_per_epoch:,} steps)", last, epochs),
                            row(f"best.pt (epoch {epoch}, chosen on validation)", best, epoch)]
@@ -235,8 +236,9 @@ def report(run: Path, out: Path, steps_per_epoch: int, reference: Path | None = 
 
 
 def epochs_of(run: Path) -> int:
-    import yaml
-    return int(yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"])
+    from recurvit.config import load_config
+
+    return load_config(run / "config.yaml").train.epochs
 
 
 def main() -> int:

@@ -80,9 +80,8 @@ def stop_rule(ref_w: int, readings: dict, faster: dict) -> str:
     if met:
         return (f"rule 4: width {met[0]} reproduces DeepThinking here; the registered study may be built on it "
                 "(its cost a width: width_cost.md)")
-    others = [w for w in faster if w != ref_w]
-    if words.get(ref_w) == "fails" and all(faster[w].startswith("not faster") or words.get(w) == "fails"
-                                           for w in others):
+    if words.get(ref_w) == "fails" and all(v.startswith("not faster") or words.get(w) == "fails"
+                                           for w, v in faster.items()):
         return ("rule 4: **stop at the pilot**: no width affordable here reproduces DeepThinking on its recipe "
                 "(the study's runs are stated with their cost instead)")
     return "rule 4 (stop at the pilot, or widen): **undecided** until the rules above are"
