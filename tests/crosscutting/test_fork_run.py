@@ -1,6 +1,7 @@
 """scripts/fork_run.py (issue 55's ablations): a fork with nothing changed trains its parent's next epoch bit for bit;
-a fork with the block's lr scale changed trains that epoch with the new scale and nothing else changed; bad input is
-one line and exit 2 with nothing written. Every command in a fresh process, from a folder outside the repository."""
+a fork with the block's lr scale changed trains that epoch with the new scale and nothing else changed; a fork with
+the depth changed trains at the new depth, its block's lr scale the parent's; bad input is one line and exit 2 with
+nothing written. Every command in a fresh process, from a folder outside the repository."""
 import importlib.util
 import json
 import subprocess
@@ -38,14 +39,24 @@ def test_a_fork_replays_its_parent_or_changes_only_the_block_lr(tmp_path):
     res = _run(tmp_path, str(FORK), "parent", "--out", "fast", "--block-lr-scale", "1")
     assert res.returncode == 0 and "block lr_scale 0.333333 -> 1" in res.stdout, res.stdout + res.stderr
     assert json.loads((tmp_path / "fast" / "fork.json").read_text())["changed"] == {"block lr_scale": [1 / 3, 1.0]}
-    for run in ("parent", "same", "fast"):
+    res = _run(tmp_path, str(FORK), "parent", "--out", "shallow", "--steps", "2")
+    assert res.returncode == 0 and "model.steps 3 -> 2" in res.stdout, res.stdout + res.stderr
+    before, after = (torch.load(tmp_path / r / "last.pt", weights_only=False) for r in ("parent", "shallow"))
+    assert all(torch.equal(before["model"][k], after["model"][k]) for k in before["model"])
+    for run in ("parent", "same", "fast", "shallow"):
         res = _run(tmp_path, "-m", "recurvit", "train", "--resume", run, "train.epochs=2")
         assert res.returncode == 0, res.stderr
-    parent, same, fast = (_epochs(tmp_path / r) for r in ("parent", "same", "fast"))
+    parent, same, fast, shallow = (_epochs(tmp_path / r) for r in ("parent", "same", "fast", "shallow"))
     assert [m["train_loss"] for m in same] == [m["train_loss"] for m in parent]  # bit for bit, both epochs
     assert fast[0] == parent[0] and fast[1]["train_loss"] != parent[1]["train_loss"]
+    assert shallow[0] == parent[0] and shallow[1]["train_loss"] != parent[1]["train_loss"]
     assert _block_groups(tmp_path / "parent") == [(1 / 3, 1e-3 / 3)]  # the throttle: lr / T, T = 3
     assert _block_groups(tmp_path / "fast") == [(1.0, 1e-3)]
+    assert _block_groups(tmp_path / "shallow") == [(1 / 3, 1e-3 / 3)]  # the depth changed, not the block's lr
+    from recurvit.config import load_config
+
+    assert load_config(tmp_path / "shallow" / "config.yaml").model.steps == 2  # resumed at T = 2, and says so
+    assert json.loads((tmp_path / "shallow" / "fork.json").read_text())["changed"] == {"model.steps": [3, 2]}
 
 
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path):
@@ -64,4 +75,6 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path):
                                  ("run", "f3", 0.0, "positive"), ("run", "f4", float("nan"), "positive")):
         with pytest.raises(ValueError, match=why):
             fr.fork(tmp_path / run, tmp_path / out, scale)
-    assert (tmp_path / "busy" / "x").read_text() == "kept" and not list(tmp_path.glob("f[234]"))
+    with pytest.raises(ValueError, match="positive integer"):
+        fr.fork(tmp_path / "run", tmp_path / "f5", None, 0)
+    assert (tmp_path / "busy" / "x").read_text() == "kept" and not list(tmp_path.glob("f[2345]"))
