@@ -32,7 +32,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from recurvit.config import load_config, to_yaml
 from recurvit.errors import UserError
 from recurvit.run.checkpoint import load_checkpoint
 from recurvit.run.rundir import CONFIG, LAST, METRICS
@@ -62,11 +61,16 @@ def fork(run: Path, out: Path, block_lr_scale: float | None = None, steps: int |
             g["lr_scale"] = block_lr_scale
     config = None
     if steps is not None:
-        cfg = load_config(run / CONFIG)
-        if cfg.model.steps is None:
+        # the parent's config as written, one value changed: not re-serialised through this checkout's schema,
+        # which may hold keys the code that resumes the fork (a pilot's worktree at an older commit) does not know
+        from omegaconf import OmegaConf
+
+        raw = OmegaConf.load(run / CONFIG)
+        if OmegaConf.select(raw, "model.steps") is None:
             raise ValueError(f"{run / CONFIG} has no model.steps (not a recurrent model): no depth to fork")
-        record["changed"]["model.steps"] = [cfg.model.steps, steps]
-        config = to_yaml(load_config(run / CONFIG, [f"model.steps={steps}"]))
+        record["changed"]["model.steps"] = [raw.model.steps, steps]
+        raw.model.steps = steps
+        config = OmegaConf.to_yaml(raw)
         state["config"]["model"]["steps"] = steps  # the checkpoint's copy, which a resume compares against
     out.mkdir(parents=True, exist_ok=True)
     for name in (CONFIG, METRICS):

@@ -21,6 +21,14 @@ def _run(cwd: Path, *cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *cmd], capture_output=True, text=True, cwd=cwd)
 
 
+def _module():
+    """The script as a module, for the cases a command line cannot reach."""
+    spec = importlib.util.spec_from_file_location("fork_run", FORK)
+    fr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fr)
+    return fr
+
+
 def _epochs(run: Path) -> list:
     return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -59,13 +67,29 @@ def test_a_fork_replays_its_parent_or_changes_only_the_block_lr(tmp_path):
     assert json.loads((tmp_path / "shallow" / "fork.json").read_text())["changed"] == {"model.steps": [3, 2]}
 
 
+def test_a_depth_fork_changes_one_line_of_its_parents_config(tmp_path):
+    """The fork writes the parent's config.yaml with model.steps changed and nothing else: a key this checkout's
+    schema added since would make the fork unreadable to the older code a pilot's worktree resumes it with."""
+    import yaml
+
+    fr = _module()
+    (tmp_path / "run").mkdir()
+    parent = "model:\n  name: dt_net_recall\n  steps: 30\ntrain:\n  depth:\n    progressive: 0.01\n"
+    (tmp_path / "run" / "config.yaml").write_text(parent)  # an older schema: no train.depth.random_start
+    from recurvit.run.checkpoint import FORMAT
+
+    torch.save({"format": FORMAT, "config": yaml.safe_load(parent), "model": {}, "epoch": 3,
+                "optimizer": {"param_groups": []}}, tmp_path / "run" / "last.pt")
+    assert fr.fork(tmp_path / "run", tmp_path / "deep", None, 12)["changed"] == {"model.steps": [30, 12]}
+    assert (tmp_path / "deep" / "config.yaml").read_text() == parent.replace("steps: 30", "steps: 12")
+    assert torch.load(tmp_path / "deep" / "last.pt", weights_only=False)["config"]["model"]["steps"] == 12
+
+
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path):
     res = _run(tmp_path, str(FORK), "nowhere", "--out", "f1")  # the command, as a user runs it
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("error: ")
     assert not (tmp_path / "f1").exists()
-    spec = importlib.util.spec_from_file_location("fork_run", FORK)
-    fr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fr)
+    fr = _module()
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("kept")
     (tmp_path / "run").mkdir()
