@@ -87,6 +87,24 @@ def stop_rule(ref_w: int, readings: dict, faster: dict) -> str:
     return "rule 4 (stop at the pilot, or widen): **undecided** until the rules above are"
 
 
+def plot_losses(curves: list, path: Path, title: str, steps_per_epoch: int = 800) -> None:
+    """Train loss against steps, one line a (label, {epoch: metrics}) curve, to ``path`` (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, m in curves:
+        es = sorted(m)
+        ax.plot([e * steps_per_epoch for e in es], [m[e]["train_loss"] for e in es], marker="o", ms=3, label=label)
+    ax.set_xlabel("training steps (batch 50)")
+    ax.set_ylabel("train loss over open pixels")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="METRICS.jsonl:WIDTH, the reference first")
@@ -141,20 +159,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "widths.md").write_text("\n".join(lines) + "\n")
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for w, _, m in runs:
-        es = sorted(m)
-        ax.plot([e * args.steps_per_epoch for e in es], [m[e]["train_loss"] for e in es], marker="o", ms=3,
-                label=f"width {w}")
-    ax.set_xlabel("training steps (batch 50)")
-    ax.set_ylabel("train loss over open pixels")
-    ax.set_title("conv anchor on DeepThinking's recipe: width")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out / "widths.png", dpi=100)
+    plot_losses([(f"width {w}", m) for w, _, m in runs], args.out / "widths.png",
+                "conv anchor on DeepThinking's recipe: width", args.steps_per_epoch)
     print(f"wrote {args.out / 'widths.md'}")
     return 0
 
