@@ -100,6 +100,19 @@ def fails_in_one_line(capsys, argv, *needles) -> str:
     return err
 
 
+def load_script(relpath: str):
+    """A repository script (``scripts/x.py``, ``benchmarks/x.py``) as a module, for what its command line cannot
+    reach; the command itself is tested as a user runs it, in a fresh process."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # a tiny shape shared by the model tests: 16x16 RGB, 4x4 patches, width 48
 TINY = dict(img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=48, num_heads=3)
 

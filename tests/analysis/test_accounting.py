@@ -10,6 +10,7 @@ from recurvit.analysis.memory import peak_train_memory
 from recurvit.analysis.matching import match
 from recurvit.errors import UserError
 from recurvit.models import ViTConfig, create_model
+from tests.conftest import load_script
 
 CIFAR = dict(img_size=32, patch_size=4, num_classes=100)
 SIZES = ("tiny", "small", "base")
@@ -174,13 +175,7 @@ def test_paper_size_loopvae_has_a_four_block_core_and_28_applications_per_side()
 
 @pytest.mark.slow
 def test_accounting_script_check_passes_on_the_committed_files():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "accounting.py"
-    spec = importlib.util.spec_from_file_location("accounting_script", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("scripts/accounting.py")
     assert script.main(["--check"]) == 0
 
 

@@ -1,14 +1,12 @@
 """scripts/check_reports.py: every committed study report regenerates byte for byte from what is committed (each
 run's result.json kept in its results folder, else results.csv), but the four whose runs' results were never kept."""
-import importlib.util
 from pathlib import Path
 
 import pytest
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("check_reports", ROOT / "scripts" / "check_reports.py")
-check_reports = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(check_reports)
+check_reports = load_script("scripts/check_reports.py")
 
 # made from run directories before results folders kept a copy of each run's result.json: results.csv alone lacks
 # the per-epoch curves of their plateau column and the full precision of their figures

@@ -2,7 +2,6 @@
 a fork with the block's lr scale changed trains that epoch with the new scale and nothing else changed; a fork with
 the depth changed trains at the new depth, its block's lr scale the parent's; bad input is one line and exit 2 with
 nothing written. Every command in a fresh process, from a folder outside the repository."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 FORK = ROOT / "scripts" / "fork_run.py"
@@ -19,14 +19,6 @@ TINY = ["data.maze_train=60", "data.maze_val=20", "data.maze_test=10", "data.maz
 
 def _run(cwd: Path, *cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *cmd], capture_output=True, text=True, cwd=cwd)
-
-
-def _module():
-    """The script as a module, for the cases a command line cannot reach."""
-    spec = importlib.util.spec_from_file_location("fork_run", FORK)
-    fr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fr)
-    return fr
 
 
 def _epochs(run: Path) -> list:
@@ -72,7 +64,7 @@ def test_a_depth_fork_changes_one_line_of_its_parents_config(tmp_path):
     schema added since would make the fork unreadable to the older code a pilot's worktree resumes it with."""
     import yaml
 
-    fr = _module()
+    fr = load_script("scripts/fork_run.py")
     (tmp_path / "run").mkdir()
     parent = "model:\n  name: dt_net_recall\n  steps: 30\ntrain:\n  depth:\n    progressive: 0.01\n"
     (tmp_path / "run" / "config.yaml").write_text(parent)  # an older schema: no train.depth.random_start
@@ -89,7 +81,7 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path):
     res = _run(tmp_path, str(FORK), "nowhere", "--out", "f1")  # the command, as a user runs it
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("error: ")
     assert not (tmp_path / "f1").exists()
-    fr = _module()
+    fr = load_script("scripts/fork_run.py")
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("kept")
     (tmp_path / "run").mkdir()

@@ -1,16 +1,14 @@
 """scripts/maze_ablation.py: issue 55's from-scratch ablation rule (committed before the ablation's first epoch) on
 made-up curves, and the command as a user runs it, in a fresh process from a folder outside the repository."""
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "maze_ablation.py"
-spec = importlib.util.spec_from_file_location("maze_ablation", SCRIPT)
-ma = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ma)
+ma = load_script("scripts/maze_ablation.py")
 
 
 def curve(losses):

@@ -1,18 +1,16 @@
 """scripts/maze_pilot.py's drift from initialisation: the weights it rebuilds are exactly the ones `recurvit train`
 started from (a run whose steps cannot move a weight has drifted 0.0 in every part), and a run that learns has
 moved its shared block by a measurable fraction, which the report states."""
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("maze_pilot", ROOT / "scripts" / "maze_pilot.py")
-mp = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mp)
+mp = load_script("scripts/maze_pilot.py")
 
 TINY = ["data.maze_train=60", "data.maze_val=20", "data.maze_test=10", "data.maze_test_sizes=[9]", "train.epochs=1",
         "model.steps=3", "train.progress=false", "train.keep_every=1"]

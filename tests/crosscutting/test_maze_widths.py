@@ -1,15 +1,13 @@
 """scripts/maze_widths.py: issue 55's widening rule (committed before the epochs it judges), on made-up curves, and
 the committed results/mazes_pilot/widths.md regenerates byte for byte from the committed metrics."""
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("maze_widths", ROOT / "scripts" / "maze_widths.py")
-mw = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mw)
+mw = load_script("scripts/maze_widths.py")
 
 
 def curve(losses):

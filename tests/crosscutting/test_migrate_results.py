@@ -2,7 +2,6 @@
 in the current form, only where they are in an earlier form (a second run changes nothing), ``--check`` without
 writing; the readers refuse the earlier forms in one line naming the script."""
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
@@ -18,11 +17,10 @@ from recurvit.study.archive import read_result
 from recurvit.study.evaluators import recorded
 from recurvit.study.plateau import plateau_change
 from recurvit.study.report import results_csv, rows_from_csv
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("migrate_results", ROOT / "scripts" / "migrate_results.py")
-migrate = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(migrate)
+migrate = load_script("scripts/migrate_results.py")
 
 BASE = "model: {name: bvit_tiny, patch_size: 4, embed_dim: 16, num_heads: 2}\ndata: {name: digits}\n"
 STUDY = "name: old\nbase: base.yaml\ngrid:\n  regime:\n    a: {model.steps: 2}\n  train.seed: [0, 1]\nresults: res\n"

@@ -9,6 +9,7 @@ from torchvision.transforms import v2
 from recurvit.config import DataConfig
 from recurvit.data import build_batch_transform
 from recurvit.errors import UserError
+from tests.conftest import load_script
 
 
 # ---------------------------------------------------------------------------------------- MixUp / CutMix
@@ -64,13 +65,7 @@ def test_fast_training_pipeline_is_torchvisions_bit_for_bit(chans, size, padding
 
 
 def test_data_pipeline_benchmark_writes_its_table(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[2] / "benchmarks" / "data_pipeline.py"
-    spec = importlib.util.spec_from_file_location("data_pipeline", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/data_pipeline.py")
     out = tmp_path / "t.md"
     assert bench.main(["--data", "digits", "--batches", "2", "--rounds", "2", "--out", str(out)]) == 0
     text = out.read_text()

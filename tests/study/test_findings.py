@@ -2,7 +2,6 @@
 file or in studies/claims.yaml gets a row with its data, rule, history and verdict, read from results
 files in the format `recurvit study` writes."""
 import csv
-import importlib.util
 import subprocess
 from pathlib import Path
 
@@ -13,11 +12,10 @@ import recurvit.tasks  # noqa: F401  (registers the tasks study files name: stud
 from recurvit.errors import UserError
 from recurvit.study.findings import collect
 from recurvit.study.findings_md import render
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("findings_script", ROOT / "scripts" / "findings.py")
-script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(script)
+script = load_script("scripts/findings.py")
 
 
 def write_csv(folder: Path, rows):
