@@ -5,14 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 from tests.conftest import load_script
+from tests.crosscutting.test_maze_widths import curve
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "maze_ablation.py"
 ma = load_script("scripts/maze_ablation.py")
-
-
-def curve(losses):
-    return {e: {"epoch": e, "train_loss": v} for e, v in enumerate(losses, start=1)}
 
 
 def test_the_rule_reads_every_epoch_from_5_both_ways():
