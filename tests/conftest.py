@@ -6,7 +6,9 @@ import pytest
 import torch
 
 os.environ.setdefault("TQDM_DISABLE", "1")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One process: two intra-op threads at most. Under pytest-xdist (`-n auto`, the README's test command) the
+# workers are the parallelism, one per core, so each keeps one thread instead of oversubscribing the cores.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 # Ctrl-C stops the suite. Tests run `recurvit.cli.main([...])` in-process, and main turns a
 # KeyboardInterrupt into "interrupted" and exit code 130, as a command should; inside pytest that swallowed
