@@ -75,7 +75,7 @@ def main() -> int:
         cell = lambda m: f"{m['train_loss']:.4f} ({pct(m.get('val_solved_open'))})" if m else "-"  # noqa: E731
         diff = f"{o['train_loss'] - r['train_loss']:+.4f}" if r else "-"
         lines.append(f"| {e} | {e * args.steps_per_epoch:,} | {cell(r)} | {cell(o)} | {diff} |")
-    lines += ["", f"{label} against {ref_label}: **{word}** ({len(run)} epochs of {path})"]
+    lines += ["", f"{label} against {ref_label}: **{word}** ({len(run)} epoch{'s' if len(run) != 1 else ''} of {path})"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "compare.md").write_text("\n".join(lines) + "\n")
     shown = {e: m for e, m in ref.items() if e <= max(run, default=0)}
