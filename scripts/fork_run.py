@@ -16,8 +16,9 @@ parent's values and OUT/fork.json records the parent, its epoch and what was cha
 
 With ``--steps T`` OUT's config.yaml says ``model.steps=T`` (the recurrent depth it trains and validates at from
 here on; the shared block's weights do not depend on it), and so does the config last.pt carries. A resume
-refuses ``model.steps`` (the model defines what is trained), so the fork is where it changes, recorded in fork.json. The block's lr scale is NOT rescaled to
-1 / T: it stays the parent's unless ``--block-lr-scale`` says otherwise, so depth and lr are separate ablations.
+refuses ``model.steps`` (the model defines what is trained), so the fork is where it changes, recorded in
+fork.json. The block's lr scale is NOT rescaled to 1 / T: it stays the parent's unless ``--block-lr-scale`` says
+otherwise, so depth and lr are separate ablations.
 
 A RUN without last.pt, an OUT that exists and is not empty, a scale that is not a positive number, a depth that is
 not a positive integer, or a last.pt with no group carrying an lr_scale: one line on stderr, exit status 2, nothing
